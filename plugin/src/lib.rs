@@ -1,0 +1,1 @@
+//! nri-accel library: the parts the binary wires together.

@@ -1,0 +1,2 @@
+//! nri-accel binary.
+fn main() {}
