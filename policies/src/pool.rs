@@ -1,0 +1,108 @@
+//! Pools: how the config maps devices to a policy family and its parameters.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Device;
+
+/// One pool of the config: the devices it matches and how they are handed out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Pool name; appears in DRA results, status and refusals.
+    pub name: String,
+    /// Which devices belong to the pool. A device belongs to the first pool that matches it.
+    #[serde(default)]
+    pub select: DeviceSelector,
+    /// The family (policy) and its parameters.
+    pub family: FamilyConfig,
+    /// Exclusive CPUs from the device's NUMA node given with each granted device (0 = none).
+    #[serde(default)]
+    pub cpus_per_device: u32,
+}
+
+/// Matches devices by vendor, model, PCI id or id; every field given must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSelector {
+    /// Vendor name, e.g. `nvidia`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// Model name, matched exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// PCI id `vvvv:dddd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_id: Option<String>,
+    /// Device ids; empty means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<String>,
+}
+
+impl DeviceSelector {
+    /// Whether `device` satisfies every field given.
+    pub fn matches(&self, device: &Device) -> bool {
+        self.vendor
+            .as_ref()
+            .is_none_or(|v| v.eq_ignore_ascii_case(&device.vendor))
+            && self.model.as_ref().is_none_or(|m| *m == device.model)
+            && self.pci_id.as_ref().is_none_or(|p| {
+                device
+                    .pci_id
+                    .as_ref()
+                    .is_some_and(|d| p.eq_ignore_ascii_case(d))
+            })
+            && (self.ids.is_empty() || self.ids.contains(&device.id))
+    }
+}
+
+/// The family of a pool and its parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum FamilyConfig {
+    /// A whole device per result.
+    Exclusive,
+    /// Each device offers `replicas` time-sliced shares.
+    Shared {
+        /// Shares per device.
+        replicas: u32,
+        /// Memory limit per share in MiB, exported as env (0 = none).
+        #[serde(default)]
+        memory_mib_per_share: u64,
+        /// Compute limit per share in percent, exported as env (0 = none).
+        #[serde(default)]
+        compute_percent_per_share: u32,
+    },
+    /// Each device is cut into non-overlapping slices by profile (MIG-like).
+    Sliced {
+        /// Slots a device is divided into (e.g. 8 for a MIG-capable GPU's 7 + 1 layout).
+        slots: u32,
+        /// The profiles slices may be cut by.
+        profiles: Vec<ProfileConfig>,
+    },
+    /// A family registered by a policy author; `params` is handed to its factory.
+    Custom {
+        /// Registered policy name.
+        policy: String,
+        /// Parameters for the policy, as free-form YAML/JSON.
+        #[serde(default)]
+        params: std::collections::BTreeMap<String, String>,
+    },
+}
+
+/// One slice profile: its size and where a slice of it may start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileConfig {
+    /// Profile name, e.g. `1g.10gb`.
+    pub name: String,
+    /// Slots a slice of this profile covers.
+    pub size: u32,
+    /// Memory of one slice in MiB.
+    #[serde(default)]
+    pub memory_mib: u64,
+    /// Compute units of one slice.
+    #[serde(default)]
+    pub compute_units: u32,
+    /// Allowed start slots; a slice covers `start .. start + size`.
+    pub starts: Vec<u32>,
+}
