@@ -1,0 +1,8 @@
+//! The daemon: the parts wired together behind the NRI stub and the claims API.
+
+pub mod agent;
+pub mod annotations;
+pub mod containers;
+
+pub use agent::{Agent, AgentSettings, ContainerGrant, Injection, annotation_claim_uid};
+pub use containers::{ContainerView, claim_of_cdi_name};

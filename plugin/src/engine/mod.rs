@@ -1,0 +1,601 @@
+//! The claim engine: prepares and releases claims so that no device is granted
+//! twice, none is leaked, and nothing is lost when the process dies at any step.
+//!
+//! State rules (DESIGN.md, "State: what proves what"): a record in the
+//! checkpoint says the policy's allocation is committed; a CDI spec says the
+//! claim was granted. Prepare is allocate -> commit -> write spec; unprepare is
+//! commit the record's removal -> release -> remove spec. The in-memory policy
+//! state equals the committed records for every claim nobody is working on, so
+//! a reconciliation that holds a claim's lock sees the truth.
+//!
+//! Concurrency: one prepare or unprepare per claim UID at a time
+//! ([`ClaimLocks`]); the policy sits behind a short mutex (its decisions take
+//! microseconds); durable commits of concurrent claims share fsyncs in the
+//! checkpoint's group commit; spec files are per claim. Cross-process exclusion
+//! is the node lock the daemon holds for its whole life (see docs/state.md).
+
+mod claim_locks;
+mod crash;
+mod edits;
+mod error;
+mod pending;
+mod reconcile;
+mod record;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use policies::{Adjustment, Allocation, ClaimRequest, ContainerUpdate, Node};
+use serde::Serialize;
+
+use crate::checkpoint::{Change, Checkpoint};
+
+pub use claim_locks::{ClaimGuard, ClaimLocks};
+pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
+pub use error::EngineError;
+pub use pending::UpdateSink;
+pub use reconcile::{Plan, plan};
+pub use record::{ClaimRecord, Origin, PendingUpdate};
+
+/// The checkpoint as the engine uses it.
+pub type Journal = Checkpoint<ClaimRecord, PendingUpdate>;
+
+/// One device of a prepared claim, as the claims API answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PreparedDevice {
+    /// The claim's request this result answers.
+    pub request: String,
+    /// Pool the device belongs to.
+    pub pool: String,
+    /// The device's published name (whole device, share or slice).
+    pub device: String,
+    /// Qualified CDI device ID that grants it (`vendor/class=claim-<uid>-<i>`).
+    pub cdi_id: String,
+}
+
+/// The answer to a successful prepare.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Prepared {
+    /// The claim.
+    pub uid: String,
+    /// One entry per result, in result order.
+    pub devices: Vec<PreparedDevice>,
+    /// Whether the claim was already prepared (an idempotent repeat).
+    pub already: bool,
+}
+
+/// What startup found and did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StartupReport {
+    /// The reconciliation performed.
+    pub plan: Plan,
+    /// Pending container updates carried over from before the restart.
+    pub pending_updates: usize,
+}
+
+/// Policy state and the decision counter, behind one short mutex.
+struct State {
+    node: Node,
+    seq: u64,
+    origins: BTreeMap<String, Origin>,
+}
+
+/// The claim engine. Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Engine {
+    state: Mutex<State>,
+    journal: Arc<Journal>,
+    specs: Arc<cdi::SpecStore>,
+    claims: ClaimLocks,
+    pending: pending::Pending,
+    crash: Option<CrashHook>,
+}
+
+impl Engine {
+    /// Builds the engine from an opened checkpoint and spec store and reconciles
+    /// them: half-prepared records are rolled back, orphan specs removed, and the
+    /// prepared claims restored into `node`. Nothing is deleted when the spec
+    /// directory cannot be listed: that is an error.
+    pub fn start(
+        mut node: Node,
+        journal: Journal,
+        mut specs: cdi::SpecStore,
+        crash: Option<CrashHook>,
+    ) -> Result<(Engine, StartupReport), EngineError> {
+        if let Some(hook) = crash.clone() {
+            specs.set_step_hook(edits::spec_hook(hook));
+        }
+        let records = journal.records();
+        let spec_uids = specs.list().map_err(|source| EngineError::Spec {
+            claim: "startup".into(),
+            source,
+        })?;
+        let plan = reconcile::plan(records.keys(), spec_uids.iter());
+        if !plan.roll_back.is_empty() {
+            let changes = plan
+                .roll_back
+                .iter()
+                .map(|uid| Change::DeleteRecord(uid.clone()))
+                .collect();
+            journal
+                .commit(changes)
+                .map_err(|source| EngineError::Checkpoint {
+                    claim: "startup".into(),
+                    source,
+                })?;
+        }
+        for uid in &plan.roll_back {
+            tracing::warn!(claim = %uid, "rolled back a half-prepared claim (record without spec)");
+        }
+        for uid in &plan.remove_specs {
+            specs.remove(uid).map_err(|source| EngineError::Spec {
+                claim: uid.clone(),
+                source,
+            })?;
+            tracing::warn!(claim = %uid, "removed an orphan CDI spec (spec without record)");
+        }
+        let kept: Vec<&ClaimRecord> = plan.restore.iter().filter_map(|u| records.get(u)).collect();
+        let allocations: Vec<Allocation> = kept.iter().map(|r| r.allocation.clone()).collect();
+        node.restore(&allocations)
+            .map_err(|e| EngineError::Restore(e.to_string()))?;
+        let origins = plan
+            .restore
+            .iter()
+            .filter_map(|u| records.get(u).map(|r| (u.clone(), r.origin.clone())))
+            .collect();
+        let pending_updates = journal.pending().len();
+        let seq = journal.pending().values().map(|p| p.seq).max().unwrap_or(0);
+        let engine = Engine {
+            state: Mutex::new(State { node, seq, origins }),
+            journal: Arc::new(journal),
+            specs: Arc::new(specs),
+            claims: ClaimLocks::default(),
+            pending: pending::Pending::default(),
+            crash,
+        };
+        Ok((
+            engine,
+            StartupReport {
+                plan,
+                pending_updates,
+            },
+        ))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The policy never panics while the lock is held on valid input; if a
+        // panic did poison it, the state is still the last consistent one.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn step(&self, point: CrashPoint) -> Result<(), EngineError> {
+        match self.crash.as_ref().map(|h| h(point)) {
+            Some(HookAction::Die) => Err(EngineError::Crashed(point)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Prepares a claim from the claims API.
+    pub async fn prepare(&self, req: ClaimRequest) -> Result<Prepared, EngineError> {
+        self.prepare_as(req, Origin::ClaimsApi).await
+    }
+
+    /// Prepares a claim on behalf of `origin` (the claims API, a pod annotation).
+    pub async fn prepare_as(
+        &self,
+        req: ClaimRequest,
+        origin: Origin,
+    ) -> Result<Prepared, EngineError> {
+        check_uid(&req.uid)?;
+        let _claim = self.claims.lock(&req.uid).await;
+        self.prepare_locked(&req.uid.clone(), origin, |node| node.allocate(&req))
+            .await
+    }
+
+    /// Marks a device found in use by a running container without a record as
+    /// held by that container, under a record and spec of its own, so it is never
+    /// granted to anyone else while the container lives.
+    pub async fn adopt(&self, container_id: &str, device_id: &str) -> Result<Prepared, EngineError> {
+        let uid = adopted_claim_uid(container_id, device_id);
+        check_uid(&uid)?;
+        let _claim = self.claims.lock(&uid).await;
+        let origin = Origin::Adopted {
+            container_id: container_id.to_string(),
+        };
+        let result = self
+            .prepare_locked(&uid, origin, |node| node.adopt(&uid, device_id))
+            .await;
+        if let Ok(p) = &result
+            && !p.already
+        {
+            tracing::warn!(container = %container_id, device = %device_id, claim = %uid,
+                "adopted a device held by a running container without a record");
+        }
+        result
+    }
+
+    async fn prepare_locked(
+        &self,
+        uid: &str,
+        origin: Origin,
+        allocate: impl FnOnce(&mut Node) -> Result<policies::Outcome, policies::Refusal>,
+    ) -> Result<Prepared, EngineError> {
+        let (outcome, seq) = {
+            let mut st = self.state();
+            let outcome = allocate(&mut st.node)?;
+            st.seq += 1;
+            (outcome, st.seq)
+        };
+        if outcome.already {
+            return self.grant(uid, &outcome.allocation, true).await;
+        }
+        self.step(CrashPoint::AfterAllocate)?;
+        let record = ClaimRecord {
+            allocation: outcome.allocation.clone(),
+            origin: origin.clone(),
+        };
+        let committed = self
+            .commit_with_updates(
+                uid,
+                vec![Change::PutRecord(uid.to_string(), record)],
+                &outcome.updates,
+                seq,
+            )
+            .await;
+        if let Err(e) = committed {
+            if !e.is_crash() {
+                // Nothing durable changed: bring memory back to the committed state.
+                self.state().node.release(uid);
+            }
+            return Err(e);
+        }
+        self.state().origins.insert(uid.to_string(), origin);
+        self.step(CrashPoint::AfterCheckpoint)?;
+        if !outcome.updates.is_empty() {
+            self.flush_pending().await;
+        }
+        self.step(CrashPoint::AfterUpdatePush)?;
+        self.grant(uid, &outcome.allocation, false).await
+    }
+
+    /// Writes the claim's spec unless it exists, and answers with its CDI IDs.
+    /// A failure rolls the claim back only while it has no spec.
+    async fn grant(
+        &self,
+        uid: &str,
+        allocation: &Allocation,
+        already: bool,
+    ) -> Result<Prepared, EngineError> {
+        let edits = self
+            .state()
+            .node
+            .edits(uid)
+            .map(|e| e.iter().map(edits::to_cdi).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let specs = self.specs.clone();
+        let id = uid.to_string();
+        let written = blocking(uid, move || {
+            if specs.exists(&id)? {
+                specs.device_ids(&id, edits.len())
+            } else {
+                specs.write(&id, &edits)
+            }
+        })
+        .await;
+        let ids = match written {
+            Ok(Ok(ids)) => ids,
+            Ok(Err(source)) => {
+                let specs = self.specs.clone();
+                let id = uid.to_string();
+                let has_spec = blocking(uid, move || specs.exists(&id)).await;
+                if matches!(has_spec, Ok(Ok(false))) {
+                    if let Err(e) = self.roll_back(uid).await {
+                        tracing::error!(claim = %uid, error = %e, "rollback after a failed spec write failed; the periodic reconciliation will retry");
+                    }
+                }
+                return Err(EngineError::Spec {
+                    claim: uid.to_string(),
+                    source,
+                });
+            }
+            Err(e) => return Err(self.crash_or(e)),
+        };
+        let devices = allocation
+            .results
+            .iter()
+            .zip(ids)
+            .map(|(g, cdi_id)| PreparedDevice {
+                request: g.request.clone(),
+                pool: g.pool.clone(),
+                device: g.device.clone(),
+                cdi_id,
+            })
+            .collect();
+        Ok(Prepared {
+            uid: uid.to_string(),
+            devices,
+            already,
+        })
+    }
+
+    /// A blocking task that panicked on an injected crash is that crash.
+    fn crash_or(&self, e: EngineError) -> EngineError {
+        match e {
+            EngineError::Task { ref reason, .. } if reason.contains(edits::SPEC_CRASH) => {
+                EngineError::Crashed(edits::spec_crash_point(reason))
+            }
+            other => other,
+        }
+    }
+
+    /// Drops the record of a claim that has no spec and gives its units back.
+    async fn roll_back(&self, uid: &str) -> Result<(), EngineError> {
+        self.commit(uid, vec![Change::DeleteRecord(uid.to_string())])
+            .await?;
+        let (updates, seq) = self.release_in_memory(uid);
+        self.commit_with_updates(uid, Vec::new(), &updates, seq)
+            .await?;
+        if !updates.is_empty() {
+            self.flush_pending().await;
+        }
+        tracing::warn!(claim = %uid, "rolled back: the claim had no spec");
+        Ok(())
+    }
+
+    fn release_in_memory(&self, uid: &str) -> (Vec<ContainerUpdate>, u64) {
+        let mut st = self.state();
+        let updates = st.node.release(uid);
+        st.origins.remove(uid);
+        st.seq += 1;
+        (updates, st.seq)
+    }
+
+    /// Releases a claim: its record's removal is committed, the policy releases
+    /// it, the container updates are pushed, and its spec is removed. An unknown
+    /// claim is success (any stray spec of it is removed).
+    pub async fn unprepare(&self, uid: &str) -> Result<(), EngineError> {
+        check_uid(uid)?;
+        let _claim = self.claims.lock(uid).await;
+        self.unprepare_locked(uid).await
+    }
+
+    async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
+        let held = self.state().node.allocation(uid).is_some();
+        if held {
+            self.commit(uid, vec![Change::DeleteRecord(uid.to_string())])
+                .await?;
+            self.step(CrashPoint::AfterCheckpoint)?;
+            let (updates, seq) = self.release_in_memory(uid);
+            self.step(CrashPoint::AfterRelease)?;
+            if !updates.is_empty() {
+                self.commit_with_updates(uid, Vec::new(), &updates, seq)
+                    .await?;
+                self.flush_pending().await;
+            }
+            self.step(CrashPoint::AfterUpdatePush)?;
+        }
+        let specs = self.specs.clone();
+        let id = uid.to_string();
+        match blocking(uid, move || specs.remove(&id)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(source)) => Err(EngineError::Spec {
+                claim: uid.to_string(),
+                source,
+            }),
+            Err(e) => Err(self.crash_or(e)),
+        }
+    }
+
+    async fn commit(&self, uid: &str, changes: Vec<Change<ClaimRecord, PendingUpdate>>) -> Result<(), EngineError> {
+        let journal = self.journal.clone();
+        match blocking(uid, move || journal.commit(changes)).await? {
+            Ok(()) => Ok(()),
+            Err(source) => Err(EngineError::Checkpoint {
+                claim: uid.to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// Commits `changes` together with the container updates a decision made,
+    /// never letting an older decision's update replace a newer one's.
+    async fn commit_with_updates(
+        &self,
+        uid: &str,
+        mut changes: Vec<Change<ClaimRecord, PendingUpdate>>,
+        updates: &[ContainerUpdate],
+        seq: u64,
+    ) -> Result<(), EngineError> {
+        if updates.is_empty() {
+            return if changes.is_empty() {
+                Ok(())
+            } else {
+                self.commit(uid, changes).await
+            };
+        }
+        let _order = self.pending.order.lock().await;
+        let current = self.journal.pending();
+        for u in updates {
+            if current.get(&u.container_id).is_some_and(|p| p.seq > seq) {
+                continue;
+            }
+            changes.push(Change::PutPending(
+                u.container_id.clone(),
+                PendingUpdate {
+                    seq,
+                    cpus: u.cpus.clone(),
+                    mems: u.mems.clone(),
+                },
+            ));
+        }
+        self.commit(uid, changes).await
+    }
+
+    /// Sets where container updates go (the NRI connection); `None` while disconnected.
+    pub fn set_update_sink(&self, sink: Option<Arc<dyn UpdateSink>>) {
+        self.pending.set_sink(sink);
+    }
+
+    /// Pushes every pending container update; delivered ones are cleared, failed
+    /// ones stay pending. Returns how many are still pending.
+    pub async fn flush_pending(&self) -> usize {
+        pending::flush(self).await
+    }
+
+    /// Drops pending updates of containers the runtime no longer has.
+    pub async fn forget_containers_except(&self, live: &std::collections::BTreeSet<String>) {
+        pending::forget_except(self, live).await
+    }
+
+    /// A container started (or was found running): its adjustment, and the
+    /// updates other containers need. Updates made here are returned to the
+    /// caller, who answers them inside the NRI handler's response.
+    pub fn container_started(
+        &self,
+        container_id: &str,
+        claims: &[String],
+    ) -> (Adjustment, Vec<ContainerUpdate>) {
+        self.state().node.container_started(container_id, claims)
+    }
+
+    /// A container was removed: the claims that lived with it (annotation and
+    /// adopted claims) are released.
+    pub async fn container_removed(&self, container_id: &str) -> Result<(), EngineError> {
+        let _ = self.state().node.container_removed(container_id);
+        let owned: Vec<String> = self
+            .state()
+            .origins
+            .iter()
+            .filter(|(_, o)| o.container() == Some(container_id))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uid in owned {
+            self.unprepare(&uid).await?;
+        }
+        Ok(())
+    }
+
+    /// One reconciliation pass over every claim, each under its own lock, so a
+    /// claim being prepared right now is never mistaken for a half-prepared one.
+    pub async fn reconcile(&self) -> Result<Plan, EngineError> {
+        let specs = self.specs.clone();
+        let spec_uids = blocking("reconcile", move || specs.list())
+            .await?
+            .map_err(|source| EngineError::Spec {
+                claim: "reconcile".into(),
+                source,
+            })?;
+        let record_uids: Vec<String> = self.state().node.allocations().map(|a| a.claim_uid.clone()).collect();
+        let rough = reconcile::plan(record_uids.iter(), spec_uids.iter());
+        let mut done = Plan {
+            restore: rough.restore,
+            ..Plan::default()
+        };
+        for uid in rough.roll_back {
+            let _claim = self.claims.lock(&uid).await;
+            let still_held = self.state().node.allocation(&uid).is_some();
+            let specs = self.specs.clone();
+            let id = uid.clone();
+            let has_spec = blocking(&uid, move || specs.exists(&id)).await?.unwrap_or(true);
+            if still_held && !has_spec {
+                self.roll_back(&uid).await?;
+                done.roll_back.push(uid);
+            }
+        }
+        for uid in rough.remove_specs {
+            let _claim = self.claims.lock(&uid).await;
+            if self.state().node.allocation(&uid).is_none() {
+                let specs = self.specs.clone();
+                let id = uid.clone();
+                blocking(&uid, move || specs.remove(&id))
+                    .await?
+                    .map_err(|source| EngineError::Spec {
+                        claim: uid.clone(),
+                        source,
+                    })?;
+                tracing::warn!(claim = %uid, "removed an orphan CDI spec");
+                done.remove_specs.push(uid);
+            }
+        }
+        Ok(done)
+    }
+
+    /// The committed claims and where they came from.
+    pub fn claims(&self) -> Vec<(Allocation, Origin)> {
+        let st = self.state();
+        st.node
+            .allocations()
+            .map(|a| {
+                let origin = st.origins.get(&a.claim_uid).cloned().unwrap_or_default();
+                (a.clone(), origin)
+            })
+            .collect()
+    }
+
+    /// The policy's view for `status`.
+    pub fn snapshot(&self) -> policies::Snapshot {
+        self.state().node.snapshot()
+    }
+
+    /// Runs `f` with the policy, for lookups the daemon needs (device by node, holders).
+    pub fn with_node<T>(&self, f: impl FnOnce(&Node) -> T) -> T {
+        f(&self.state().node)
+    }
+
+    /// Number of container updates waiting to reach the runtime.
+    pub fn pending_updates(&self) -> usize {
+        self.journal.pending().len()
+    }
+
+    /// The spec store's CDI device IDs for a claim, for mapping containers back to claims.
+    pub fn spec_store(&self) -> &cdi::SpecStore {
+        &self.specs
+    }
+}
+
+/// The claim UID an adopted device gets: stable per container and device.
+pub fn adopted_claim_uid(container_id: &str, device_id: &str) -> String {
+    let container: String = container_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(32)
+        .collect();
+    let device: String = device_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    format!("adopted-{container}-{}", device.trim_matches('-'))
+}
+
+fn check_uid(uid: &str) -> Result<(), EngineError> {
+    cdi::validate_claim_uid(uid).map_err(|e| EngineError::InvalidClaim {
+        uid: uid.chars().take(140).collect(),
+        reason: e.to_string(),
+    })
+}
+
+/// Runs blocking file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    claim: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, EngineError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| EngineError::Task {
+            claim: claim.to_string(),
+            reason: panic_text(e),
+        })
+}
+
+fn panic_text(e: tokio::task::JoinError) -> String {
+    if e.is_panic() {
+        let p = e.into_panic();
+        if let Some(s) = p.downcast_ref::<String>() {
+            return s.clone();
+        }
+        if let Some(s) = p.downcast_ref::<&str>() {
+            return (*s).to_string();
+        }
+        return "panicked".into();
+    }
+    e.to_string()
+}

@@ -1,0 +1,69 @@
+//! What the checkpoint holds per claim and per container.
+
+use policies::{Allocation, ContainerUpdate};
+use serde::{Deserialize, Serialize};
+
+/// The committed record of one claim: the policy's allocation and where the claim came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRecord {
+    /// What the policy allocated; replayed into the policy at startup.
+    pub allocation: Allocation,
+    /// Who asked for the claim.
+    #[serde(default)]
+    pub origin: Origin,
+}
+
+/// Where a claim came from; decides who may release it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Origin {
+    /// The claims API (a DRA driver or an operator); released by Unprepare.
+    #[default]
+    ClaimsApi,
+    /// A pod annotation; released when the container is removed.
+    Annotation {
+        /// The container the claim is scoped to.
+        container_id: String,
+    },
+    /// A running container found holding a device without a record; released when it is removed.
+    Adopted {
+        /// The container found holding the device.
+        container_id: String,
+    },
+}
+
+impl Origin {
+    /// The container this claim lives and dies with, if any.
+    pub fn container(&self) -> Option<&str> {
+        match self {
+            Origin::ClaimsApi => None,
+            Origin::Annotation { container_id } | Origin::Adopted { container_id } => {
+                Some(container_id)
+            }
+        }
+    }
+}
+
+/// A container update waiting to reach the runtime, with the order it was made in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PendingUpdate {
+    /// Order of the policy decision that produced it; a newer one replaces an older one.
+    pub seq: u64,
+    /// CPUs the container should run on.
+    pub cpus: policies::CpuSet,
+    /// Memory nodes the container should use.
+    pub mems: policies::CpuSet,
+}
+
+impl PendingUpdate {
+    /// The update as the policy expresses it.
+    pub fn to_update(&self, container_id: &str) -> ContainerUpdate {
+        ContainerUpdate {
+            container_id: container_id.to_string(),
+            cpus: self.cpus.clone(),
+            mems: self.mems.clone(),
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The claim engine over real files: prepare/unprepare, idempotency, early
+//! prepares, rollback, pending updates and reconciliation.
+
+mod engine_common;
+
+use std::sync::Arc;
+
+use engine_common::*;
+use nri_accel::engine::{CrashPoint, EngineError, HookAction};
+
+#[tokio::test]
+async fn prepare_writes_record_and_spec_and_repeats_idempotently() {
+    let d = dirs();
+    let engine = open(&d);
+    let p = engine.prepare(claim_for("uid-a", "gpu0")).await.unwrap();
+    assert!(!p.already);
+    assert_eq!(p.devices.len(), 1);
+    assert_eq!(p.devices[0].cdi_id, "accel.nri.io/device=claim-uid-a-0");
+    assert_eq!(spec_uids(&d), vec!["uid-a"]);
+
+    let again = engine.prepare(claim_for("uid-a", "gpu0")).await.unwrap();
+    assert!(again.already);
+    assert_eq!(again.devices, p.devices);
+    drop(engine);
+    assert_eq!(record_uids(&d.state), vec!["uid-a"]);
+}
+
+#[tokio::test]
+async fn unprepare_removes_record_and_spec_and_unknown_is_success() {
+    let d = dirs();
+    let engine = open(&d);
+    engine.prepare(claim_for("uid-a", "gpu0")).await.unwrap();
+    engine.unprepare("uid-a").await.unwrap();
+    engine.unprepare("uid-a").await.unwrap();
+    engine.unprepare("never-seen").await.unwrap();
+    assert!(spec_uids(&d).is_empty());
+    drop(engine);
+    assert!(record_uids(&d.state).is_empty());
+}
+
+#[tokio::test]
+async fn early_prepare_is_refused_naming_both_claims_until_the_holder_is_unprepared() {
+    let d = dirs();
+    let engine = open(&d);
+    engine.prepare(claim_for("old-claim", "gpu1")).await.unwrap();
+    let err = engine.prepare(claim_for("new-claim", "gpu1")).await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, EngineError::Refused(_)), "{text}");
+    assert!(text.contains("old-claim") && text.contains("new-claim") && text.contains("gpu1"), "{text}");
+    assert_eq!(spec_uids(&d), vec!["old-claim"], "a refusal writes nothing");
+
+    engine.unprepare("old-claim").await.unwrap();
+    engine.prepare(claim_for("new-claim", "gpu1")).await.unwrap();
+    assert_eq!(spec_uids(&d), vec!["new-claim"]);
+}
+
+#[tokio::test]
+async fn path_traversal_uid_is_refused_before_anything_is_written() {
+    let d = dirs();
+    let engine = open(&d);
+    for uid in ["../x", "a/b", "", ".."] {
+        let err = engine.prepare(claim_for(uid, "gpu0")).await.unwrap_err();
+        assert!(matches!(err, EngineError::InvalidClaim { .. }), "{uid}: {err}");
+        assert!(engine.unprepare(uid).await.is_err());
+    }
+    assert!(spec_uids(&d).is_empty());
+    assert!(engine.claims().is_empty());
+}
+
+/// Two prepares of different claims naming the same device, interleaved so that
+/// the second one decides while the first is between its allocation and its
+/// commit: exactly one wins, and the loser names the winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_prepares_of_one_device_never_both_win() {
+    let d = dirs();
+    let (reached_tx, reached_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let reached_tx = std::sync::Mutex::new(Some(reached_tx));
+    let go_rx = std::sync::Mutex::new(Some(go_rx));
+    // The first claim to reach "after-allocate" parks there until released.
+    let hook: nri_accel::engine::CrashHook = Arc::new(move |p| {
+        if p == CrashPoint::AfterAllocate
+            && let Some(tx) = reached_tx.lock().unwrap().take()
+        {
+            tx.send(()).unwrap();
+            let rx = go_rx.lock().unwrap().take().unwrap();
+            rx.recv().unwrap();
+        }
+        HookAction::Continue
+    });
+    let (engine, _) = open_with(&d, 4, 0, Some(hook)).unwrap();
+    let engine = Arc::new(engine);
+    let first = {
+        let e = engine.clone();
+        tokio::spawn(async move { e.prepare(claim_for("first", "gpu2")).await })
+    };
+    tokio::task::spawn_blocking(move || reached_rx.recv().unwrap()).await.unwrap();
+    // "first" holds gpu2 in memory but has not committed: "second" must lose.
+    let second = engine.prepare(claim_for("second", "gpu2")).await;
+    go_tx.send(()).unwrap();
+    let first = first.await.unwrap();
+    assert!(first.is_ok());
+    let err = second.unwrap_err().to_string();
+    assert!(err.contains("first") && err.contains("gpu2"), "{err}");
+    let holders: Vec<String> = engine.claims().into_iter().map(|(a, _)| a.claim_uid).collect();
+    assert_eq!(holders, vec!["first"]);
+    assert_eq!(spec_uids(&d), vec!["first"]);
+}
+
+#[tokio::test]
+async fn a_failed_spec_write_rolls_the_claim_back() {
+    let d = dirs();
+    let engine = open(&d);
+    // The CDI dir turns into a file: the spec cannot be written (even as root).
+    std::fs::remove_dir_all(&d.cdi).unwrap();
+    std::fs::write(&d.cdi, b"not a dir").unwrap();
+    let err = engine.prepare(claim_for("uid-a", "gpu0")).await.unwrap_err();
+    assert!(matches!(err, EngineError::Spec { .. }), "{err}");
+    assert!(engine.claims().is_empty(), "rolled back in memory");
+    std::fs::remove_file(&d.cdi).unwrap();
+    std::fs::create_dir(&d.cdi).unwrap();
+    // The device is free again and a retry completes.
+    engine.prepare(claim_for("uid-b", "gpu0")).await.unwrap();
+    drop(engine);
+    assert_eq!(record_uids(&d.state), vec!["uid-b"]);
+}
+
+#[tokio::test]
+async fn startup_rolls_back_half_prepared_and_removes_orphans() {
+    let d = dirs();
+    {
+        let engine = open(&d);
+        engine.prepare(claim_for("kept", "gpu0")).await.unwrap();
+        engine.prepare(claim_for("half", "gpu1")).await.unwrap();
+        engine.prepare(claim_for("orphan", "gpu2")).await.unwrap();
+        engine.unprepare("orphan").await.unwrap();
+    }
+    // Make "half" lose its spec and "orphan" regain one.
+    let store = store(&d);
+    store.remove("half").unwrap();
+    store
+        .write("orphan", &[cdi::DeviceEdits {
+            env: vec![("A".into(), "1".into())],
+            ..Default::default()
+        }])
+        .unwrap();
+    let (engine, report) = open_with(&d, 4, 0, None).unwrap();
+    assert_eq!(report.plan.restore, vec!["kept"]);
+    assert_eq!(report.plan.roll_back, vec!["half"]);
+    assert_eq!(report.plan.remove_specs, vec!["orphan"]);
+    assert_eq!(spec_uids(&d), vec!["kept"]);
+    // "half"'s device is free again, "kept"'s is not.
+    engine.prepare(claim_for("next", "gpu1")).await.unwrap();
+    assert!(engine.prepare(claim_for("thief", "gpu0")).await.is_err());
+}
+
+#[tokio::test]
+async fn an_unreadable_spec_dir_stops_startup_and_deletes_nothing() {
+    let d = dirs();
+    {
+        let engine = open(&d);
+        engine.prepare(claim_for("kept", "gpu0")).await.unwrap();
+    }
+    let saved = d.cdi.with_extension("saved");
+    std::fs::rename(&d.cdi, &saved).unwrap();
+    std::fs::write(&d.cdi, b"not a dir").unwrap();
+    let err = open_with(&d, 4, 0, None).err().expect("startup must fail");
+    assert!(matches!(err, EngineError::Spec { .. }), "{err}");
+    assert_eq!(record_uids(&d.state), vec!["kept"], "the record survives");
+}
+
+#[tokio::test]
+async fn failed_update_pushes_stay_pending_and_reach_the_runtime_later() {
+    let d = dirs();
+    let (engine, _) = open_with(&d, 4, 2, None).unwrap();
+    // A container in the shared CPU pool: granting CPUs to a claim shrinks its cpuset.
+    let (_adj, _) = engine.container_started("ctr-shared", &[]);
+    let sink = Arc::new(FlakySink::default());
+    *sink.failing.lock().unwrap() = true;
+    engine.set_update_sink(Some(sink.clone()));
+    engine.prepare(claim_for("cpu-claim", "gpu0")).await.unwrap();
+    assert_eq!(engine.pending_updates(), 1, "the failed push stays pending");
+    assert!(sink.delivered.lock().unwrap().is_empty());
+
+    *sink.failing.lock().unwrap() = false;
+    assert_eq!(engine.flush_pending().await, 0);
+    let delivered = sink.delivered.lock().unwrap().clone();
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(delivered[0].container_id, "ctr-shared");
+    assert!(!delivered[0].cpus.is_empty());
+    assert!(delivered[0].cpus.len() < 8, "the shared pool shrank: {:?}", delivered[0].cpus);
+    drop(engine);
+    // Nothing pending survives a restart once delivered.
+    let (engine, report) = open_with(&d, 4, 2, None).unwrap();
+    assert_eq!(report.pending_updates, 0);
+    drop(engine);
+}
+
+#[tokio::test]
+async fn pending_updates_survive_a_restart() {
+    let d = dirs();
+    {
+        let (engine, _) = open_with(&d, 4, 2, None).unwrap();
+        engine.container_started("ctr-shared", &[]);
+        engine.prepare(claim_for("cpu-claim", "gpu0")).await.unwrap();
+        assert_eq!(engine.pending_updates(), 1, "no sink yet: pending");
+    }
+    let (engine, report) = open_with(&d, 4, 2, None).unwrap();
+    assert_eq!(report.pending_updates, 1);
+    let sink = Arc::new(FlakySink::default());
+    engine.set_update_sink(Some(sink.clone()));
+    assert_eq!(engine.flush_pending().await, 0);
+    assert_eq!(sink.delivered.lock().unwrap().len(), 1);
+}
