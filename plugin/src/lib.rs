@@ -1,1 +1,3 @@
 //! nri-accel library: the parts the binary wires together.
+pub mod config;
+pub mod discovery;
