@@ -7,7 +7,9 @@ use nri_accel::discovery::{Discovery, DiscoveryError, RootFs, discover};
 use policies::{CpuSet, Device, DeviceNode, NodeKind};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/sysfs")
+        .join(name)
 }
 
 fn run(name: &str) -> Discovery {
@@ -45,8 +47,14 @@ fn dgx_8xh100_finds_eight_gpus_over_two_numa_nodes() {
     assert_eq!(
         ids(&d),
         [
-            "0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0", "0000:9a:00.0",
-            "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"
+            "0000:18:00.0",
+            "0000:2a:00.0",
+            "0000:3a:00.0",
+            "0000:5d:00.0",
+            "0000:9a:00.0",
+            "0000:ab:00.0",
+            "0000:ba:00.0",
+            "0000:db:00.0"
         ]
     );
     assert_eq!(d.inventory.cpus, cpus("0-223"));
@@ -58,7 +66,11 @@ fn dgx_8xh100_finds_eight_gpus_over_two_numa_nodes() {
     for (i, dev) in d.inventory.devices.iter().enumerate() {
         let minor = u32::try_from(i).unwrap();
         let numa = if i < 4 { 0 } else { 1 };
-        let local = if i < 4 { "0-55,112-167" } else { "56-111,168-223" };
+        let local = if i < 4 {
+            "0-55,112-167"
+        } else {
+            "56-111,168-223"
+        };
         assert_eq!(dev.vendor, "nvidia");
         assert_eq!(dev.model, "NVIDIA H100 80GB HBM3");
         assert_eq!(dev.pci_id.as_deref(), Some("10de:2330"));
@@ -68,7 +80,10 @@ fn dgx_8xh100_finds_eight_gpus_over_two_numa_nodes() {
         assert_eq!(dev.driver.as_deref(), Some("nvidia"));
         assert_eq!(dev.compute_units, 132);
         assert_eq!(dev.memory_mib, 80 * 1024);
-        assert_eq!(dev.nodes, vec![node(&format!("/dev/nvidia{minor}"), 195, minor)]);
+        assert_eq!(
+            dev.nodes,
+            vec![node(&format!("/dev/nvidia{minor}"), 195, minor)]
+        );
         assert_eq!(dev.control_nodes, control);
     }
 }
@@ -76,10 +91,20 @@ fn dgx_8xh100_finds_eight_gpus_over_two_numa_nodes() {
 #[test]
 fn mi300x_8_finds_render_and_card_nodes_and_kfd() {
     let d = run("mi300x-8");
-    assert_eq!(d.warnings, vec![], "the BMC's display-only VGA is left out quietly");
+    assert_eq!(
+        d.warnings,
+        vec![],
+        "the BMC's display-only VGA is left out quietly"
+    );
     let expected_ids = [
-        "0000:05:00.0", "0000:26:00.0", "0000:46:00.0", "0000:65:00.0", "0000:85:00.0",
-        "0000:a6:00.0", "0000:c6:00.0", "0000:e5:00.0",
+        "0000:05:00.0",
+        "0000:26:00.0",
+        "0000:46:00.0",
+        "0000:65:00.0",
+        "0000:85:00.0",
+        "0000:a6:00.0",
+        "0000:c6:00.0",
+        "0000:e5:00.0",
     ];
     assert_eq!(ids(&d), expected_ids);
     assert_eq!(d.inventory.cpus, cpus("0-383"));
@@ -90,7 +115,11 @@ fn mi300x_8_finds_render_and_card_nodes_and_kfd() {
         assert_eq!(dev.pci_id.as_deref(), Some("1002:74a1"));
         assert_eq!(dev.driver.as_deref(), Some("amdgpu"));
         assert_eq!(dev.numa_node, Some(if i < 4 { 0 } else { 1 }));
-        let local = if i < 4 { "0-95,192-287" } else { "96-191,288-383" };
+        let local = if i < 4 {
+            "0-95,192-287"
+        } else {
+            "96-191,288-383"
+        };
         assert_eq!(dev.local_cpus, cpus(local));
         assert_eq!(dev.memory_mib, 206_141_652_992 / (1024 * 1024));
         assert_eq!(dev.compute_units, 1216 / 4);
@@ -109,7 +138,15 @@ fn mi300x_8_finds_render_and_card_nodes_and_kfd() {
 fn accel_gaudi_maps_accel_nodes_by_device_link_not_by_order() {
     let d = run("accel-gaudi");
     assert_eq!(d.warnings, vec![]);
-    assert_eq!(ids(&d), ["0000:33:00.0", "0000:34:00.0", "0000:9a:00.0", "0000:9b:00.0"]);
+    assert_eq!(
+        ids(&d),
+        [
+            "0000:33:00.0",
+            "0000:34:00.0",
+            "0000:9a:00.0",
+            "0000:9b:00.0"
+        ]
+    );
     let accel: Vec<(&str, &DeviceNode)> = d
         .inventory
         .devices
@@ -145,7 +182,10 @@ fn workstation_mixed_keeps_the_igpu_and_the_rtx_and_ignores_the_rest() {
     assert_eq!(igpu.driver.as_deref(), Some("i915"));
     assert_eq!(
         igpu.nodes,
-        vec![node("/dev/dri/renderD128", 226, 128), node("/dev/dri/card0", 226, 0)]
+        vec![
+            node("/dev/dri/renderD128", 226, 128),
+            node("/dev/dri/card0", 226, 0)
+        ]
     );
     assert!(igpu.control_nodes.is_empty());
     let rtx = &d.inventory.devices[1];
@@ -167,15 +207,38 @@ fn workstation_mixed_keeps_the_igpu_and_the_rtx_and_ignores_the_rest() {
 fn broken_tree_warns_about_each_bad_device_and_keeps_the_good_ones() {
     let d = run("broken");
     assert_eq!(ids(&d), ["0000:18:00.0", "0000:ab:00.0"]);
-    let warned: Vec<&str> = d.warnings.iter().filter_map(|w| w.device.as_deref()).collect();
-    assert_eq!(warned, ["0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0", "0000:9a:00.0"]);
+    let warned: Vec<&str> = d
+        .warnings
+        .iter()
+        .filter_map(|w| w.device.as_deref())
+        .collect();
+    assert_eq!(
+        warned,
+        [
+            "0000:2a:00.0",
+            "0000:3a:00.0",
+            "0000:5d:00.0",
+            "0000:9a:00.0"
+        ]
+    );
     let text: Vec<String> = d.warnings.iter().map(ToString::to_string).collect();
-    assert!(text[0].contains("NUMA node \"banana\" is not a number"), "{}", text[0]);
-    assert!(text[0].ends_with("(/sys/bus/pci/devices/0000:2a:00.0/numa_node)"), "{}", text[0]);
+    assert!(
+        text[0].contains("NUMA node \"banana\" is not a number"),
+        "{}",
+        text[0]
+    );
+    assert!(
+        text[0].ends_with("(/sys/bus/pci/devices/0000:2a:00.0/numa_node)"),
+        "{}",
+        text[0]
+    );
     assert!(text[1].contains("cannot read the PCI class"), "{}", text[1]);
     assert!(text[2].contains("bound driver: vfio-pci"), "{}", text[2]);
     assert!(text[3].contains("CPU id too large"), "{}", text[3]);
-    assert!(text.iter().all(|t| t.contains("device skipped")), "{text:?}");
+    assert!(
+        text.iter().all(|t| t.contains("device skipped")),
+        "{text:?}"
+    );
 }
 
 #[test]
@@ -188,5 +251,8 @@ fn a_root_without_sys_is_an_error_naming_the_root() {
     let err = discover(&RootFs::new(dir.path()), &cfg).unwrap_err();
     let DiscoveryError::Root { root, .. } = &err;
     assert_eq!(root, dir.path());
-    assert!(err.to_string().contains("discovery.static_devices"), "{err}");
+    assert!(
+        err.to_string().contains("discovery.static_devices"),
+        "{err}"
+    );
 }

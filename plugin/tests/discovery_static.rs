@@ -7,7 +7,9 @@ use nri_accel::discovery::{RootFs, discover};
 use policies::{Device, DeviceNode, NodeKind};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/sysfs")
+        .join(name)
 }
 
 fn static_device(id: &str, model: &str) -> Device {
@@ -65,6 +67,9 @@ fn static_devices_replace_by_id_and_add_to_sysfs() {
     let ids: Vec<&str> = d.inventory.devices.iter().map(|d| d.id.as_str()).collect();
     assert_eq!(ids, ["0000:00:02.0", "0000:01:00.0", "zz-sim"]);
     assert_eq!(d.inventory.devices[1].model, "Overridden");
-    assert_eq!(d.inventory.devices[0].vendor, "intel", "the found device stays");
+    assert_eq!(
+        d.inventory.devices[0].vendor, "intel",
+        "the found device stays"
+    );
     assert_eq!(d.inventory.cpus, "0-15".parse().unwrap(), "config cpus win");
 }

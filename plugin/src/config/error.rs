@@ -44,7 +44,9 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is larger than [`crate::config::MAX_CONFIG_BYTES`].
-    #[error("{origin}: the config is larger than {limit} bytes; a config this size is a mistake, check the file")]
+    #[error(
+        "{origin}: the config is larger than {limit} bytes; a config this size is a mistake, check the file"
+    )]
     TooLarge {
         /// The config file (or other origin).
         origin: String,

@@ -65,10 +65,8 @@ impl Config {
                 limit: MAX_CONFIG_BYTES,
             });
         }
-        let parsed: Option<Config> =
-            serde_saphyr::from_str_with_options(text, parse_options()).map_err(|e| {
-                syntax_error(&e, origin)
-            })?;
+        let parsed: Option<Config> = serde_saphyr::from_str_with_options(text, parse_options())
+            .map_err(|e| syntax_error(&e, origin))?;
         let cfg = parsed.unwrap_or_default();
         if let Err(problem) = validate::validate(&cfg) {
             let tree: Option<spans::Tree> =
@@ -111,6 +109,11 @@ fn syntax_error(e: &serde_saphyr::Error, origin: &str) -> ConfigError {
         if let Some(stripped) = message.strip_suffix(&suffix) {
             message = stripped.to_string();
         }
+    }
+    if let Some(detail) = message.strip_prefix("budget breached: ") {
+        message = format!(
+            "the config breaks a parser limit ({detail}); a config is one small YAML document"
+        );
     }
     ConfigError::Syntax {
         origin: origin.to_string(),

@@ -51,14 +51,17 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             format!("plugin name {name:?} must be non-empty and use only [a-zA-Z0-9_.+-]"),
         )?;
     }
-    absolute(&cfg.claims_api.socket, vec![Key("claims_api"), Key("socket")])?;
-    if let Some(group) = &cfg.claims_api.group {
-        if group.is_empty() || group.contains(['/', ':', '\n']) {
-            fail(
-                vec![Key("claims_api"), Key("group")],
-                format!("group {group:?} is not a valid group name; give a group name or null"),
-            )?;
-        }
+    absolute(
+        &cfg.claims_api.socket,
+        vec![Key("claims_api"), Key("socket")],
+    )?;
+    if let Some(group) = &cfg.claims_api.group
+        && (group.is_empty() || group.contains(['/', ':', '\n']))
+    {
+        fail(
+            vec![Key("claims_api"), Key("group")],
+            format!("group {group:?} is not a valid group name; give a group name or null"),
+        )?;
     }
     let max = cfg.claims_api.max_message_bytes;
     if !(4096..=MAX_MESSAGE_LIMIT).contains(&max) {
@@ -82,16 +85,18 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
     {
         fail(
             vec![Key("annotations"), Key("prefix")],
-            format!("annotation prefix {prefix:?} must be a DNS subdomain ([a-z0-9.-], at most 253 characters)"),
+            format!(
+                "annotation prefix {prefix:?} must be a DNS subdomain ([a-z0-9.-], at most 253 characters)"
+            ),
         )?;
     }
-    if let Some(addr) = cfg.metrics.listen {
-        if !addr.ip().is_loopback() {
-            fail(
-                vec![Key("metrics"), Key("listen")],
-                format!("metrics address {addr} is not a loopback address; use 127.0.0.1 or [::1]"),
-            )?;
-        }
+    if let Some(addr) = cfg.metrics.listen
+        && !addr.ip().is_loopback()
+    {
+        fail(
+            vec![Key("metrics"), Key("listen")],
+            format!("metrics address {addr} is not a loopback address; use 127.0.0.1 or [::1]"),
+        )?;
     }
     Ok(())
 }
@@ -113,15 +118,22 @@ fn cdi_name(name: &str, allow_dot: bool, at: Vec<Step>) -> Checked {
     let b = name.as_bytes();
     let ok = b.first().is_some_and(u8::is_ascii_alphabetic)
         && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-' || (allow_dot && *c == b'.'));
+        && b.iter().all(|c| {
+            c.is_ascii_alphanumeric() || *c == b'_' || *c == b'-' || (allow_dot && *c == b'.')
+        });
     if ok {
         Ok(())
     } else {
-        let allowed = if allow_dot { "[A-Za-z0-9_.-]" } else { "[A-Za-z0-9_-]" };
+        let allowed = if allow_dot {
+            "[A-Za-z0-9_.-]"
+        } else {
+            "[A-Za-z0-9_-]"
+        };
         fail(
             at,
-            format!("CDI name {name:?} must start with a letter, end with a letter or digit and use only {allowed}"),
+            format!(
+                "CDI name {name:?} must start with a letter, end with a letter or digit and use only {allowed}"
+            ),
         )
     }
 }
@@ -144,18 +156,30 @@ fn static_devices(devices: &[Device]) -> Checked {
             p
         };
         if d.id.is_empty() || d.id.len() > 128 || d.id.chars().any(char::is_control) {
-            fail(at(&[Key("id")]), "device id must be 1 to 128 printable characters")?;
+            fail(
+                at(&[Key("id")]),
+                "device id must be 1 to 128 printable characters",
+            )?;
         }
         if !ids.insert(d.id.as_str()) {
-            fail(at(&[Key("id")]), format!("device id {:?} is listed twice", d.id))?;
+            fail(
+                at(&[Key("id")]),
+                format!("device id {:?} is listed twice", d.id),
+            )?;
         }
         if d.vendor.is_empty() {
-            fail(at(&[Key("vendor")]), format!("device {:?} needs a vendor", d.id))?;
+            fail(
+                at(&[Key("vendor")]),
+                format!("device {:?} needs a vendor", d.id),
+            )?;
         }
-        if let Some(p) = &d.pci_id {
-            if !pci_id_ok(p) {
-                fail(at(&[Key("pci_id")]), format!("PCI id {p:?} must be vvvv:dddd in hex"))?;
-            }
+        if let Some(p) = &d.pci_id
+            && !pci_id_ok(p)
+        {
+            fail(
+                at(&[Key("pci_id")]),
+                format!("PCI id {p:?} must be vvvv:dddd in hex"),
+            )?;
         }
         for (j, n) in d.nodes.iter().enumerate() {
             node(n, at(&[Key("nodes"), Index(j)]))?;
@@ -174,12 +198,18 @@ fn node(n: &DeviceNode, at: Vec<Step>) -> Checked {
         p
     };
     if !n.path.starts_with("/dev/") {
-        fail(with("path"), format!("device node path {:?} must be under /dev/", n.path))?;
+        fail(
+            with("path"),
+            format!("device node path {:?} must be under /dev/", n.path),
+        )?;
     }
-    if let Some(h) = &n.host_path {
-        if !h.starts_with('/') {
-            fail(with("host_path"), format!("host path {h:?} must be absolute"))?;
-        }
+    if let Some(h) = &n.host_path
+        && !h.starts_with('/')
+    {
+        fail(
+            with("host_path"),
+            format!("host path {h:?} must be absolute"),
+        )?;
     }
     let p = &n.permissions;
     if p.is_empty() || !p.chars().all(|c| "rwm".contains(c)) {
@@ -193,7 +223,10 @@ fn node(n: &DeviceNode, at: Vec<Step>) -> Checked {
 
 fn pools(pools: &[PoolConfig]) -> Checked {
     if pools.is_empty() {
-        fail(vec![Key("pools")], "at least one pool is needed, or no device can be handed out")?;
+        fail(
+            vec![Key("pools")],
+            "at least one pool is needed, or no device can be handed out",
+        )?;
     }
     let mut names = HashSet::new();
     for (i, pool) in pools.iter().enumerate() {
@@ -209,15 +242,24 @@ fn pools(pools: &[PoolConfig]) -> Checked {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
         {
-            fail(at(&[Key("name")]), format!("pool name {n:?} must be 1 to 63 characters of [a-zA-Z0-9_.-]"))?;
+            fail(
+                at(&[Key("name")]),
+                format!("pool name {n:?} must be 1 to 63 characters of [a-zA-Z0-9_.-]"),
+            )?;
         }
         if !names.insert(n.as_str()) {
-            fail(at(&[Key("name")]), format!("pool name {n:?} is used twice; pool names must be unique"))?;
+            fail(
+                at(&[Key("name")]),
+                format!("pool name {n:?} is used twice; pool names must be unique"),
+            )?;
         }
-        if let Some(p) = &pool.select.pci_id {
-            if !pci_id_ok(p) {
-                fail(at(&[Key("select"), Key("pci_id")]), format!("PCI id {p:?} must be vvvv:dddd in hex"))?;
-            }
+        if let Some(p) = &pool.select.pci_id
+            && !pci_id_ok(p)
+        {
+            fail(
+                at(&[Key("select"), Key("pci_id")]),
+                format!("PCI id {p:?} must be vvvv:dddd in hex"),
+            )?;
         }
         match &pool.family {
             FamilyConfig::Exclusive => {}
@@ -227,7 +269,10 @@ fn pools(pools: &[PoolConfig]) -> Checked {
                 ..
             } => {
                 if *replicas == 0 {
-                    fail(at(&[Key("family"), Key("replicas")]), format!("pool {n:?}: replicas must be at least 1"))?;
+                    fail(
+                        at(&[Key("family"), Key("replicas")]),
+                        format!("pool {n:?}: replicas must be at least 1"),
+                    )?;
                 }
                 if *compute_percent_per_share > 100 {
                     fail(
@@ -238,22 +283,46 @@ fn pools(pools: &[PoolConfig]) -> Checked {
             }
             FamilyConfig::Sliced { slots, profiles } => {
                 if *slots == 0 {
-                    fail(at(&[Key("family"), Key("slots")]), format!("pool {n:?}: slots must be at least 1"))?;
+                    fail(
+                        at(&[Key("family"), Key("slots")]),
+                        format!("pool {n:?}: slots must be at least 1"),
+                    )?;
                 }
                 if profiles.is_empty() {
-                    fail(at(&[Key("family"), Key("profiles")]), format!("pool {n:?}: a sliced pool needs at least one profile"))?;
+                    fail(
+                        at(&[Key("family"), Key("profiles")]),
+                        format!("pool {n:?}: a sliced pool needs at least one profile"),
+                    )?;
                 }
                 let mut pnames = HashSet::new();
                 for (j, prof) in profiles.iter().enumerate() {
                     let pat = |k| at(&[Key("family"), Key("profiles"), Index(j), Key(k)]);
                     if prof.name.is_empty() || !pnames.insert(prof.name.as_str()) {
-                        fail(pat("name"), format!("pool {n:?}: profile name {:?} is empty or used twice", prof.name))?;
+                        fail(
+                            pat("name"),
+                            format!(
+                                "pool {n:?}: profile name {:?} is empty or used twice",
+                                prof.name
+                            ),
+                        )?;
                     }
                     if prof.size == 0 {
-                        fail(pat("size"), format!("pool {n:?}: profile {:?} has size 0; a slice covers at least one slot", prof.name))?;
+                        fail(
+                            pat("size"),
+                            format!(
+                                "pool {n:?}: profile {:?} has size 0; a slice covers at least one slot",
+                                prof.name
+                            ),
+                        )?;
                     }
                     if prof.starts.is_empty() {
-                        fail(pat("starts"), format!("pool {n:?}: profile {:?} needs at least one start slot", prof.name))?;
+                        fail(
+                            pat("starts"),
+                            format!(
+                                "pool {n:?}: profile {:?} needs at least one start slot",
+                                prof.name
+                            ),
+                        )?;
                     }
                     for &s in &prof.starts {
                         if u64::from(s) + u64::from(prof.size) > u64::from(*slots) {
@@ -270,7 +339,10 @@ fn pools(pools: &[PoolConfig]) -> Checked {
             }
             FamilyConfig::Custom { policy, .. } => {
                 if policy.is_empty() {
-                    fail(at(&[Key("family"), Key("policy")]), format!("pool {n:?}: a custom family needs a policy name"))?;
+                    fail(
+                        at(&[Key("family"), Key("policy")]),
+                        format!("pool {n:?}: a custom family needs a policy name"),
+                    )?;
                 }
             }
         }

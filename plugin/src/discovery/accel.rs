@@ -24,15 +24,25 @@ pub(crate) fn scan_accel(scan: &mut Scan<'_>) -> Vec<(String, DeviceNode)> {
         let bdf = match scan.host.read_link(&link) {
             Ok(t) => t.file_name().and_then(|n| n.to_str()).map(str::to_string),
             Err(e) => {
-                scan.warn(None, Some(&link), format!("{name}: cannot read its device link: {e}; skipped"));
+                scan.warn(
+                    None,
+                    Some(&link),
+                    format!("{name}: cannot read its device link: {e}; skipped"),
+                );
                 continue;
             }
         };
         let Some(bdf) = bdf.filter(|b| is_pci_address(b)) else {
-            scan.warn(None, Some(&link), format!("{name}: its device is not a PCI device; skipped"));
+            scan.warn(
+                None,
+                Some(&link),
+                format!("{name}: its device is not a PCI device; skipped"),
+            );
             continue;
         };
-        if let Some(node) = scan.dev_node(Some(&bdf), &dir.join("dev"), format!("/dev/accel/{name}")) {
+        if let Some(node) =
+            scan.dev_node(Some(&bdf), &dir.join("dev"), format!("/dev/accel/{name}"))
+        {
             found.push((bdf, node));
         }
     }

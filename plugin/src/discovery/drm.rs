@@ -30,7 +30,11 @@ pub(crate) fn attach(scan: &mut Scan<'_>, c: &mut PciCandidate) -> bool {
         }
         let dev_file = drm_dir.join(&name).join("dev");
         if let Some(node) = scan.dev_node(Some(&bdf), &dev_file, format!("/dev/dri/{name}")) {
-            if is_render { render.push(node) } else { card.push(node) }
+            if is_render {
+                render.push(node)
+            } else {
+                card.push(node)
+            }
         }
     }
     if render.is_empty() && !card.is_empty() {
@@ -55,13 +59,25 @@ pub(crate) fn attach_amd(scan: &mut Scan<'_>, c: &mut PciCandidate, kfd: &Kfd) {
     }
     match &kfd.node {
         Some(node) => c.device.control_nodes.push(node.clone()),
-        None => scan.warn_once("kfd", Some(Path::new(KFD)), "no /dev/kfd (amdgpu KFD not loaded): AMD GPUs get no compute in containers".to_string()),
+        None => scan.warn_once(
+            "kfd",
+            Some(Path::new(KFD)),
+            "no /dev/kfd (amdgpu KFD not loaded): AMD GPUs get no compute in containers"
+                .to_string(),
+        ),
     }
     let vram = c.dir.join("mem_info_vram_total");
     if let Ok(text) = scan.host.read(&vram) {
         match text.trim().parse::<u64>() {
             Ok(bytes) => c.device.memory_mib = bytes / (1024 * 1024),
-            Err(_) => scan.warn(Some(&c.device.id), Some(&vram), format!("VRAM size {:?} is not a number; kept the model's nominal size", short(&text))),
+            Err(_) => scan.warn(
+                Some(&c.device.id),
+                Some(&vram),
+                format!(
+                    "VRAM size {:?} is not a number; kept the model's nominal size",
+                    short(&text)
+                ),
+            ),
         }
     }
     if let Some(cus) = location_id(&c.device.id).and_then(|id| kfd.compute_units.get(&id)) {
@@ -95,10 +111,10 @@ pub(crate) fn read_kfd(scan: &mut Scan<'_>) -> Kfd {
         };
         let mut values = BTreeMap::new();
         for line in props.lines() {
-            if let Some((k, v)) = line.split_once(' ') {
-                if let Ok(v) = v.trim().parse::<u64>() {
-                    values.insert(k, v);
-                }
+            if let Some((k, v)) = line.split_once(' ')
+                && let Ok(v) = v.trim().parse::<u64>()
+            {
+                values.insert(k, v);
             }
         }
         let get = |k| values.get(k).copied().unwrap_or(0);

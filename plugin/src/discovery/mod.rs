@@ -115,12 +115,20 @@ fn discover_sysfs(host: &dyn HostFs, cfg: &DiscoveryConfig) -> Result<Discovery,
     let online = Path::new(ONLINE_CPUS);
     let cpus = match host.read(online) {
         Ok(text) => text.parse::<CpuSet>().unwrap_or_else(|e| {
-            scan.warn(None, Some(online), format!("{e}; the node's CPU list is left empty"));
+            scan.warn(
+                None,
+                Some(online),
+                format!("{e}; the node's CPU list is left empty"),
+            );
             CpuSet::new()
         }),
         Err(e) => {
             if cfg.cpus.is_none() {
-                scan.warn(None, Some(online), format!("cannot read the online CPUs: {e}; set discovery.cpus"));
+                scan.warn(
+                    None,
+                    Some(online),
+                    format!("cannot read the online CPUs: {e}; set discovery.cpus"),
+                );
             }
             CpuSet::new()
         }

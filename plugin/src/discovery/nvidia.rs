@@ -24,7 +24,9 @@ pub(crate) fn attach(scan: &mut Scan<'_>, c: &mut PciCandidate) -> bool {
     };
     let mut minor = None;
     for line in info.lines() {
-        let Some((key, value)) = line.split_once(':') else { continue };
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
         match key.trim() {
             "Device Minor" => minor = value.trim().parse::<u32>().ok(),
             "Model" if !value.trim().is_empty() => c.device.model = value.trim().to_string(),
@@ -32,15 +34,29 @@ pub(crate) fn attach(scan: &mut Scan<'_>, c: &mut PciCandidate) -> bool {
         }
     }
     let Some(minor) = minor.filter(|m| *m < NVIDIACTL_MINOR) else {
-        scan.warn(Some(&bdf), Some(&info_path), "no valid \"Device Minor:\" line; device skipped".to_string());
+        scan.warn(
+            Some(&bdf),
+            Some(&info_path),
+            "no valid \"Device Minor:\" line; device skipped".to_string(),
+        );
         return false;
     };
     let Some(major) = scan.char_major("nvidia") else {
-        scan.warn(Some(&bdf), Some(&PathBuf::from("/proc/devices")), "no \"nvidia\" character major; device skipped".to_string());
+        scan.warn(
+            Some(&bdf),
+            Some(&PathBuf::from("/proc/devices")),
+            "no \"nvidia\" character major; device skipped".to_string(),
+        );
         return false;
     };
-    c.device.nodes.push(char_node(format!("/dev/nvidia{minor}"), major, minor));
-    c.device.control_nodes.push(char_node("/dev/nvidiactl".to_string(), major, NVIDIACTL_MINOR));
+    c.device
+        .nodes
+        .push(char_node(format!("/dev/nvidia{minor}"), major, minor));
+    c.device.control_nodes.push(char_node(
+        "/dev/nvidiactl".to_string(),
+        major,
+        NVIDIACTL_MINOR,
+    ));
     match scan.char_major("nvidia-uvm") {
         Some(uvm) => {
             c.device.control_nodes.push(char_node("/dev/nvidia-uvm".to_string(), uvm, 0));

@@ -107,19 +107,31 @@ pub(crate) fn scan_pci(scan: &mut Scan<'_>) -> Vec<PciCandidate> {
 
 fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidate> {
     if !is_pci_address(&bdf) {
-        scan.warn(None, Some(dir), "entry is not a PCI address; ignored".to_string());
+        scan.warn(
+            None,
+            Some(dir),
+            "entry is not a PCI address; ignored".to_string(),
+        );
         return None;
     }
     let class_path = dir.join("class");
     let class = match scan.host.read(&class_path) {
         Ok(t) => parse_hex(&t),
         Err(e) => {
-            scan.warn(Some(&bdf), Some(&class_path), format!("cannot read the PCI class: {e}; device skipped"));
+            scan.warn(
+                Some(&bdf),
+                Some(&class_path),
+                format!("cannot read the PCI class: {e}; device skipped"),
+            );
             return None;
         }
     };
     let Some(class) = class else {
-        scan.warn(Some(&bdf), Some(&class_path), "the PCI class is not a hex number; device skipped".to_string());
+        scan.warn(
+            Some(&bdf),
+            Some(&class_path),
+            "the PCI class is not a hex number; device skipped".to_string(),
+        );
         return None;
     };
     if !matches!(class >> 16, CLASS_DISPLAY | CLASS_ACCELERATOR) {
@@ -135,18 +147,30 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
             Ok(n) => match u32::try_from(n) {
                 Ok(n) => Some(n),
                 Err(_) => {
-                    scan.warn(Some(&bdf), Some(&numa_path), format!("NUMA node {n} is out of range; device skipped"));
+                    scan.warn(
+                        Some(&bdf),
+                        Some(&numa_path),
+                        format!("NUMA node {n} is out of range; device skipped"),
+                    );
                     return None;
                 }
             },
             Err(_) => {
-                scan.warn(Some(&bdf), Some(&numa_path), format!("NUMA node {:?} is not a number; device skipped", short(&t)));
+                scan.warn(
+                    Some(&bdf),
+                    Some(&numa_path),
+                    format!("NUMA node {:?} is not a number; device skipped", short(&t)),
+                );
                 return None;
             }
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
-            scan.warn(Some(&bdf), Some(&numa_path), format!("cannot read the NUMA node: {e}; device skipped"));
+            scan.warn(
+                Some(&bdf),
+                Some(&numa_path),
+                format!("cannot read the NUMA node: {e}; device skipped"),
+            );
             return None;
         }
     };
@@ -161,7 +185,11 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => CpuSet::new(),
         Err(e) => {
-            scan.warn(Some(&bdf), Some(&cpus_path), format!("cannot read the local CPUs: {e}; device skipped"));
+            scan.warn(
+                Some(&bdf),
+                Some(&cpus_path),
+                format!("cannot read the local CPUs: {e}; device skipped"),
+            );
             return None;
         }
     };
@@ -176,7 +204,9 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
         device: Device {
             id: bdf.clone(),
             vendor: vendor_name(vendor),
-            model: info.as_ref().map_or_else(|| pci_id.clone(), |i| i.name.to_string()),
+            model: info
+                .as_ref()
+                .map_or_else(|| pci_id.clone(), |i| i.name.to_string()),
             pci_address: Some(bdf),
             pci_id: Some(pci_id),
             numa_node,
@@ -203,12 +233,23 @@ impl Scan<'_> {
             Ok(t) => match parse_hex(&t).and_then(|v| u16::try_from(v).ok()) {
                 Some(v) => Some(v),
                 None => {
-                    self.warn(Some(bdf), Some(path), format!("the PCI {what} {:?} is not a 16-bit hex number; device skipped", short(&t)));
+                    self.warn(
+                        Some(bdf),
+                        Some(path),
+                        format!(
+                            "the PCI {what} {:?} is not a 16-bit hex number; device skipped",
+                            short(&t)
+                        ),
+                    );
                     None
                 }
             },
             Err(e) => {
-                self.warn(Some(bdf), Some(path), format!("cannot read the PCI {what}: {e}; device skipped"));
+                self.warn(
+                    Some(bdf),
+                    Some(path),
+                    format!("cannot read the PCI {what}: {e}; device skipped"),
+                );
                 None
             }
         }

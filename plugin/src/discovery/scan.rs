@@ -50,7 +50,11 @@ impl<'a> Scan<'a> {
             let map = match self.host.read(path) {
                 Ok(text) => parse_proc_devices(&text),
                 Err(e) => {
-                    self.warn(None, Some(path), format!("cannot read the driver majors: {e}"));
+                    self.warn(
+                        None,
+                        Some(path),
+                        format!("cannot read the driver majors: {e}"),
+                    );
                     BTreeMap::new()
                 }
             };
@@ -69,14 +73,25 @@ impl<'a> Scan<'a> {
         let text = match self.host.read(dev_file) {
             Ok(t) => t,
             Err(e) => {
-                self.warn(device, Some(dev_file), format!("cannot read the device number of {node_path}: {e}"));
+                self.warn(
+                    device,
+                    Some(dev_file),
+                    format!("cannot read the device number of {node_path}: {e}"),
+                );
                 return None;
             }
         };
         match parse_major_minor(&text) {
             Some((major, minor)) => Some(char_node(node_path, major, minor)),
             None => {
-                self.warn(device, Some(dev_file), format!("device number {:?} of {node_path} is not major:minor", super::pci::short(&text)));
+                self.warn(
+                    device,
+                    Some(dev_file),
+                    format!(
+                        "device number {:?} of {node_path} is not major:minor",
+                        super::pci::short(&text)
+                    ),
+                );
                 None
             }
         }
@@ -114,10 +129,10 @@ fn parse_proc_devices(text: &str) -> BTreeMap<String, u32> {
         if !in_char {
             continue;
         }
-        if let Some((major, name)) = line.split_once(char::is_whitespace) {
-            if let Ok(major) = major.parse::<u32>() {
-                map.entry(name.trim().to_string()).or_insert(major);
-            }
+        if let Some((major, name)) = line.split_once(char::is_whitespace)
+            && let Ok(major) = major.parse::<u32>()
+        {
+            map.entry(name.trim().to_string()).or_insert(major);
         }
     }
     map
