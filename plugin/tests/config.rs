@@ -121,6 +121,12 @@ fn bad_value_names_field_line_and_column() {
 }
 
 #[test]
+fn unquoted_plugin_index_keeps_its_spelling() {
+    let cfg = Config::from_yaml("nri: {plugin_index: 05}\n", "t").unwrap();
+    assert_eq!(cfg.nri.plugin_index, "05");
+}
+
+#[test]
 fn duplicate_pool_names_point_at_the_second() {
     let text = "pools:\n  - name: a\n    family: {kind: exclusive}\n  - name: a\n    family: {kind: exclusive}\n";
     let e = err(text);
