@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use nri_accel::config::DiscoveryConfig;
-use nri_accel::discovery::{Discovery, DiscoveryError, RootFs, discover};
+use nri_accel::discovery::{Discovery, DiscoveryError, RootFs, discover, discover_root};
 use policies::{CpuSet, Device, DeviceNode, NodeKind};
 
 fn fixture(name: &str) -> PathBuf {
@@ -13,12 +13,11 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn run(name: &str) -> Discovery {
-    let root = fixture(name);
     let cfg = DiscoveryConfig {
-        root: root.clone(),
+        root: fixture(name),
         ..DiscoveryConfig::default()
     };
-    discover(&RootFs::new(root), &cfg).expect("fixture root is usable")
+    discover_root(&cfg).expect("fixture root is usable")
 }
 
 fn node(path: &str, major: u32, minor: u32) -> DeviceNode {

@@ -35,6 +35,8 @@ const ONLINE_CPUS: &str = "/sys/devices/system/cpu/online";
 
 /// Builds the inventory as `cfg` says: sysfs (read through `host`), the
 /// static devices, or both (a static device replaces a found one of the same id).
+/// `host` is normally `RootFs::new(&cfg.root)` (see [`discover_root`]); `cfg.root`
+/// itself is only used to name the root in errors.
 pub fn discover(host: &dyn HostFs, cfg: &DiscoveryConfig) -> Result<Discovery, DiscoveryError> {
     let mut found = if cfg.sysfs {
         discover_sysfs(host, cfg)?
@@ -46,6 +48,12 @@ pub fn discover(host: &dyn HostFs, cfg: &DiscoveryConfig) -> Result<Discovery, D
     }
     merge_static(&mut found.inventory, &cfg.static_devices);
     Ok(found)
+}
+
+/// [`discover`] on the real host under `cfg.root`: what `nri-accel run` and
+/// `nri-accel discover` call.
+pub fn discover_root(cfg: &DiscoveryConfig) -> Result<Discovery, DiscoveryError> {
+    discover(&RootFs::new(&cfg.root), cfg)
 }
 
 /// Adds `static_devices` to `inventory`, replacing devices of the same id, and keeps it sorted.
