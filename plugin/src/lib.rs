@@ -1,3 +1,5 @@
 //! nri-accel library: the parts the binary wires together.
-pub mod engine;
+pub mod config;
 pub mod daemon;
+pub mod discovery;
+pub mod engine;

@@ -1,0 +1,123 @@
+//! The nri-accel config file: its shape, defaults, loading and validation.
+//!
+//! YAML parsed with `serde-saphyr` under a tight budget, unknown fields
+//! refused everywhere, then checked value by value. Every error names the
+//! file, the line and column, and says in one sentence what is wrong, so
+//! `nri-accel check-config` can print it as is.
+
+mod error;
+mod model;
+mod spans;
+mod validate;
+
+use std::io::Read;
+use std::path::Path;
+
+pub use error::{ConfigError, Position};
+pub use model::{
+    AnnotationsConfig, CdiConfig, CdiInjection, ClaimsApiConfig, Config, DiscoveryConfig,
+    LogConfig, LogFormat, LogLevel, MetricsConfig, NriConfig, SpecFormat,
+};
+
+/// Where the daemon reads its config unless told otherwise.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/nri-accel/config.yaml";
+
+/// Largest config accepted, in bytes. Real configs are a few KiB.
+pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+
+/// Parser limits: far above any real config, far below what would hurt.
+fn parse_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_reader_input_bytes: Some(MAX_CONFIG_BYTES),
+            max_events: 200_000,
+            max_aliases: 1_000,
+            max_anchors: 1_000,
+            max_depth: 32,
+            max_documents: 1,
+            max_nodes: 100_000,
+            max_total_scalar_bytes: MAX_CONFIG_BYTES,
+        },
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates the config file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let io = |source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let mut text = String::new();
+        file.take(MAX_CONFIG_BYTES as u64 + 1)
+            .read_to_string(&mut text)
+            .map_err(io)?;
+        Config::from_yaml(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates config text; `origin` (usually the file path)
+    /// names the source in errors. Empty text (or only comments) gives the defaults.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        if text.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge {
+                origin: origin.to_string(),
+                limit: MAX_CONFIG_BYTES,
+            });
+        }
+        let parsed: Option<Config> = serde_saphyr::from_str_with_options(text, parse_options())
+            .map_err(|e| syntax_error(&e, origin))?;
+        let cfg = parsed.unwrap_or_default();
+        if let Err(problem) = validate::validate(&cfg) {
+            let tree: Option<spans::Tree> =
+                serde_saphyr::from_str_with_options(text, parse_options())
+                    .ok()
+                    .flatten();
+            let position = tree.and_then(|t| t.locate(&problem.path));
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                field: spans::render_path(&problem.path),
+                position,
+                message: problem.message,
+            });
+        }
+        Ok(cfg)
+    }
+
+    /// Checks a config built in code (e.g. by the demo) as a loaded one would be.
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        validate::validate(self).map_err(|problem| ConfigError::Invalid {
+            origin: origin.to_string(),
+            field: spans::render_path(&problem.path),
+            position: None,
+            message: problem.message,
+        })
+    }
+}
+
+/// Turns a parser error into ours: position apart, message without the
+/// parser's own " at line L, column C" suffix or source snippet.
+fn syntax_error(e: &serde_saphyr::Error, origin: &str) -> ConfigError {
+    let plain = e.without_snippet();
+    let position = plain.location().filter(|l| l.line() > 0).map(|l| Position {
+        line: l.line(),
+        column: l.column(),
+    });
+    let mut message = plain.to_string();
+    if let Some(p) = position {
+        let suffix = format!(" at line {}, column {}", p.line, p.column);
+        if let Some(stripped) = message.strip_suffix(&suffix) {
+            message = stripped.to_string();
+        }
+    }
+    if let Some(detail) = message.strip_prefix("budget breached: ") {
+        message = format!(
+            "the config breaks a parser limit ({detail}); a config is one small YAML document"
+        );
+    }
+    ConfigError::Syntax {
+        origin: origin.to_string(),
+        position,
+        message,
+    }
+}

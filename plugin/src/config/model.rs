@@ -1,0 +1,256 @@
+//! The config's shape: every section, its fields and their defaults.
+//!
+//! Every struct refuses unknown fields (a typo is an error, not a silently
+//! ignored setting) and every field has a default, so an empty file is a
+//! working config. docs/configuration.md explains each field.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use policies::{CpuSet, Device, FamilyConfig, PoolConfig};
+use serde::{Deserialize, Serialize};
+
+/// The whole nri-accel config (`/etc/nri-accel/config.yaml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Directory of the checkpoint and the node lock.
+    pub state_dir: PathBuf,
+    /// How to reach the container runtime.
+    pub nri: NriConfig,
+    /// The claims API socket DRA drivers and operators call.
+    pub claims_api: ClaimsApiConfig,
+    /// Where and how CDI specs are written.
+    pub cdi: CdiConfig,
+    /// Where devices come from.
+    pub discovery: DiscoveryConfig,
+    /// Pools: which devices are handed out under which family. A device belongs
+    /// to the first pool whose selector matches it.
+    pub pools: Vec<PoolConfig>,
+    /// Seconds between periodic reconciles of records against specs; 0 = only at startup.
+    pub reconcile_interval_secs: u64,
+    /// Pod annotations of the annotation path (no DRA).
+    pub annotations: AnnotationsConfig,
+    /// Optional `/metrics` and `/healthz` endpoint.
+    pub metrics: MetricsConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: PathBuf::from("/var/lib/nri-accel"),
+            nri: NriConfig::default(),
+            claims_api: ClaimsApiConfig::default(),
+            cdi: CdiConfig::default(),
+            discovery: DiscoveryConfig::default(),
+            pools: vec![PoolConfig {
+                name: "default".to_string(),
+                select: Default::default(),
+                family: FamilyConfig::Exclusive,
+                cpus_per_device: 0,
+            }],
+            reconcile_interval_secs: 300,
+            annotations: AnnotationsConfig::default(),
+            metrics: MetricsConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// The NRI connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NriConfig {
+    /// The runtime's NRI socket (ignored when the runtime launched us with fd 3).
+    pub socket: PathBuf,
+    /// Plugin name registered with the runtime: `[a-zA-Z0-9_.+-]+`.
+    pub plugin_name: String,
+    /// Plugin index, exactly two digits; plugins run in ascending index order.
+    pub plugin_index: String,
+    /// How grants reach containers on the annotation path.
+    pub cdi_injection: CdiInjection,
+}
+
+impl Default for NriConfig {
+    fn default() -> Self {
+        NriConfig {
+            socket: PathBuf::from("/var/run/nri/nri.sock"),
+            plugin_name: "accel".to_string(),
+            plugin_index: "10".to_string(),
+            cdi_injection: CdiInjection::Auto,
+        }
+    }
+}
+
+/// How the annotation path injects a grant into a container.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CdiInjection {
+    /// CDI device names when the runtime honours them (NRI 0.10+), device nodes otherwise.
+    #[default]
+    Auto,
+    /// Always CDI device names.
+    Cdi,
+    /// Always device nodes, cgroup rules, env and mounts.
+    DeviceNodes,
+}
+
+/// The claims API server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClaimsApiConfig {
+    /// Unix socket path; created mode 0600 (0660 when `group` is set).
+    pub socket: PathBuf,
+    /// Group allowed to connect besides root (the socket's group), if any.
+    pub group: Option<String>,
+    /// Largest request accepted, in bytes.
+    pub max_message_bytes: u32,
+}
+
+impl Default for ClaimsApiConfig {
+    fn default() -> Self {
+        ClaimsApiConfig {
+            socket: PathBuf::from("/run/nri-accel/claims.sock"),
+            group: None,
+            max_message_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// CDI spec files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CdiConfig {
+    /// Directory the runtime reads transient CDI specs from.
+    pub dir: PathBuf,
+    /// CDI vendor of our specs (`kind` = `vendor/class`).
+    pub vendor: String,
+    /// CDI class of our specs.
+    pub class: String,
+    /// Spec file format.
+    pub format: SpecFormat,
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        CdiConfig {
+            dir: PathBuf::from("/var/run/cdi"),
+            vendor: "accel.nri.io".to_string(),
+            class: "device".to_string(),
+            format: SpecFormat::Yaml,
+        }
+    }
+}
+
+/// File format of CDI specs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecFormat {
+    /// `.yaml` files.
+    #[default]
+    Yaml,
+    /// `.json` files.
+    Json,
+}
+
+/// Where the device inventory comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Scan sysfs and procfs under `root` for accelerators.
+    pub sysfs: bool,
+    /// Root the host's `/sys`, `/proc` are read under (`/` on a real node).
+    pub root: PathBuf,
+    /// Devices listed by hand; added to what sysfs finds, replacing a found device of the same id.
+    pub static_devices: Vec<Device>,
+    /// The node's CPUs; when absent, the online CPUs from sysfs.
+    pub cpus: Option<CpuSet>,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        DiscoveryConfig {
+            sysfs: true,
+            root: PathBuf::from("/"),
+            static_devices: Vec::new(),
+            cpus: None,
+        }
+    }
+}
+
+/// Annotation path settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnnotationsConfig {
+    /// Prefix of the pod annotations we read, e.g. `accel.nri.io/container.<name>`.
+    pub prefix: String,
+}
+
+impl Default for AnnotationsConfig {
+    fn default() -> Self {
+        AnnotationsConfig {
+            prefix: "accel.nri.io".to_string(),
+        }
+    }
+}
+
+/// Metrics endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Loopback address to serve `/metrics` and `/healthz` on; none = off.
+    pub listen: Option<SocketAddr>,
+}
+
+/// Logging.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Least severe level logged (`RUST_LOG` overrides).
+    pub level: LogLevel,
+    /// Line format.
+    pub format: LogFormat,
+}
+
+/// Log level.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Everything.
+    Trace,
+    /// Decisions and their inputs.
+    Debug,
+    /// Lifecycle and grants.
+    #[default]
+    Info,
+    /// Something is off but work goes on.
+    Warn,
+    /// Only failures.
+    Error,
+}
+
+impl LogLevel {
+    /// The level as `tracing`'s filter directives spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (journald adds timestamps).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}

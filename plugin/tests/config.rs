@@ -1,0 +1,286 @@
+//! The config: the shipped default file, defaults, and errors with line and column.
+
+use std::path::PathBuf;
+
+use nri_accel::config::{Config, ConfigError, Position};
+use policies::FamilyConfig;
+
+fn packaged() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/config.yaml")
+}
+
+fn err(text: &str) -> ConfigError {
+    Config::from_yaml(text, "test.yaml").expect_err("config must be refused")
+}
+
+fn at(line: u64, column: u64) -> Option<Position> {
+    Some(Position { line, column })
+}
+
+#[test]
+fn packaged_config_parses_validates_and_equals_the_defaults() {
+    let cfg = Config::load(&packaged()).unwrap();
+    assert_eq!(
+        cfg,
+        Config::default(),
+        "packaging/config.yaml documents the defaults"
+    );
+}
+
+#[test]
+fn packaged_config_examples_parse_when_uncommented() {
+    // The commented examples must stay valid: uncomment the pool examples
+    // (a pool list entry comment starts with "  # - name:").
+    let text = std::fs::read_to_string(packaged()).unwrap();
+    let mut out = String::new();
+    let mut in_pools = false;
+    for line in text.lines() {
+        if line.starts_with("pools:") {
+            in_pools = true;
+        } else if !line.starts_with(' ') && !line.is_empty() {
+            in_pools = false;
+        }
+        let uncommented = line
+            .strip_prefix("  # ")
+            .filter(|l| in_pools && (l.starts_with("- ") || l.starts_with("  ")));
+        out.push_str(&uncommented.map_or_else(|| line.to_string(), |l| format!("  {l}")));
+        out.push('\n');
+    }
+    let cfg = Config::from_yaml(&out, "uncommented").unwrap();
+    assert_eq!(cfg.pools.len(), 3);
+    assert!(matches!(
+        cfg.pools[1].family,
+        FamilyConfig::Shared { replicas: 4, .. }
+    ));
+    assert!(
+        matches!(&cfg.pools[2].family, FamilyConfig::Sliced { profiles, .. } if profiles.len() == 3)
+    );
+}
+
+#[test]
+fn empty_and_comment_only_files_give_the_defaults() {
+    assert_eq!(Config::from_yaml("", "e").unwrap(), Config::default());
+    assert_eq!(
+        Config::from_yaml("# nothing\n\n", "e").unwrap(),
+        Config::default()
+    );
+    let d = Config::default();
+    assert_eq!(d.nri.plugin_index, "10");
+    assert_eq!(d.state_dir, PathBuf::from("/var/lib/nri-accel"));
+    assert_eq!(d.pools.len(), 1);
+}
+
+#[test]
+fn unknown_field_names_line_and_column() {
+    let e = err("state_dir: /var/lib/x\nnri:\n  socket: /run/nri.sock\n  plugin_nmae: accel\n");
+    assert!(matches!(e, ConfigError::Syntax { .. }), "{e:?}");
+    assert_eq!(e.position(), at(4, 3));
+    let text = e.to_string();
+    assert!(
+        text.starts_with("test.yaml:4:3: unknown field `plugin_nmae`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unknown_top_level_field_is_an_error() {
+    let e = err("log:\n  level: info\nlogging: {}\n");
+    assert_eq!(e.position(), at(3, 1));
+}
+
+#[test]
+fn wrong_type_names_line_and_column() {
+    let e = err("claims_api:\n  max_message_bytes: lots\n");
+    assert!(matches!(e, ConfigError::Syntax { .. }), "{e:?}");
+    assert_eq!(e.position(), at(2, 22));
+    let e = err("log:\n  level: loud\n");
+    assert_eq!(e.position(), at(2, 10));
+}
+
+#[test]
+fn bad_value_names_field_line_and_column() {
+    let e = err("nri:\n  plugin_index: \"7\"\n");
+    match &e {
+        ConfigError::Invalid {
+            field,
+            position,
+            message,
+            ..
+        } => {
+            assert_eq!(field, "nri.plugin_index");
+            assert_eq!(*position, at(2, 17));
+            assert!(message.contains("exactly two digits"), "{message}");
+        }
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    assert!(
+        e.to_string()
+            .starts_with("test.yaml:2:17: nri.plugin_index: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn unquoted_plugin_index_keeps_its_spelling() {
+    let cfg = Config::from_yaml("nri: {plugin_index: 05}\n", "t").unwrap();
+    assert_eq!(cfg.nri.plugin_index, "05");
+}
+
+#[test]
+fn duplicate_pool_names_point_at_the_second() {
+    let text = "pools:\n  - name: a\n    family: {kind: exclusive}\n  - name: a\n    family: {kind: exclusive}\n";
+    let e = err(text);
+    let ConfigError::Invalid {
+        field, position, ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(field, "pools[1].name");
+    assert_eq!(*position, at(4, 11));
+}
+
+#[test]
+fn sliced_profile_past_the_last_slot_is_refused() {
+    let text = "\
+pools:
+  - name: s
+    family:
+      kind: sliced
+      slots: 8
+      profiles:
+        - { name: 1g, size: 1, starts: [0, 7] }
+        - { name: 4g, size: 4, starts: [0, 5] }
+";
+    let e = err(text);
+    let ConfigError::Invalid {
+        field,
+        position,
+        message,
+        ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(field, "pools[0].family.profiles[1].starts");
+    assert_eq!(position.map(|p| p.line), Some(8));
+    assert!(
+        message.contains("starting at slot 5 with size 4 runs past the 8 slots"),
+        "{message}"
+    );
+}
+
+#[test]
+fn zero_size_profile_and_zero_replicas_are_refused() {
+    let e = err(
+        "pools:\n  - name: s\n    family: {kind: sliced, slots: 2, profiles: [{name: z, size: 0, starts: [0]}]}\n",
+    );
+    assert!(e.to_string().contains("has size 0"), "{e}");
+    let e = err("pools:\n  - name: s\n    family: {kind: shared, replicas: 0}\n");
+    let ConfigError::Invalid { field, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(field, "pools[0].family.replicas");
+}
+
+#[test]
+fn other_bad_values_are_refused() {
+    for (text, field) in [
+        ("nri: {plugin_name: \"acc el\"}\n", "nri.plugin_name"),
+        ("nri: {socket: relative/nri.sock}\n", "nri.socket"),
+        ("claims_api: {socket: claims.sock}\n", "claims_api.socket"),
+        (
+            "claims_api: {max_message_bytes: 10}\n",
+            "claims_api.max_message_bytes",
+        ),
+        ("cdi: {class: dev.ice}\n", "cdi.class"),
+        ("cdi: {vendor: 1vendor}\n", "cdi.vendor"),
+        ("state_dir: var/lib\n", "state_dir"),
+        ("pools: []\n", "pools"),
+        ("metrics: {listen: \"0.0.0.0:9464\"}\n", "metrics.listen"),
+        ("annotations: {prefix: Accel}\n", "annotations.prefix"),
+        (
+            "discovery:\n  static_devices:\n    - {id: a, vendor: x, nodes: [{path: /tmp/x, major: 1, minor: 1}]}\n",
+            "discovery.static_devices[0].nodes[0].path",
+        ),
+        (
+            "discovery:\n  static_devices:\n    - {id: a, vendor: x}\n    - {id: a, vendor: x}\n",
+            "discovery.static_devices[1].id",
+        ),
+    ] {
+        match Config::from_yaml(text, "t") {
+            Err(ConfigError::Invalid {
+                field: f, position, ..
+            }) => {
+                assert_eq!(f, field, "{text}");
+                assert!(position.is_some(), "{text}");
+            }
+            other => panic!("{text}: expected Invalid at {field}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_full_config_round_trips_its_values() {
+    let text = "\
+state_dir: /srv/state
+nri: {socket: /run/nri/nri.sock, plugin_name: gpu.accel, plugin_index: \"05\", cdi_injection: device-nodes}
+claims_api: {socket: /run/x/claims.sock, group: gpu-operators, max_message_bytes: 65536}
+cdi: {dir: /etc/cdi, vendor: example.com, class: gpu, format: json}
+discovery: {sysfs: false, root: /host, cpus: \"0-7\"}
+metrics: {listen: \"127.0.0.1:9464\"}
+log: {level: debug, format: json}
+reconcile_interval_secs: 0
+";
+    let cfg = Config::from_yaml(text, "full").unwrap();
+    assert_eq!(cfg.nri.plugin_index, "05");
+    assert_eq!(
+        cfg.nri.cdi_injection,
+        nri_accel::config::CdiInjection::DeviceNodes
+    );
+    assert_eq!(cfg.claims_api.group.as_deref(), Some("gpu-operators"));
+    assert_eq!(cfg.cdi.format, nri_accel::config::SpecFormat::Json);
+    assert!(!cfg.discovery.sysfs);
+    assert_eq!(cfg.discovery.cpus, Some("0-7".parse().unwrap()));
+    assert_eq!(cfg.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
+    assert_eq!(cfg.log.level, nri_accel::config::LogLevel::Debug);
+    assert_eq!(cfg.reconcile_interval_secs, 0);
+}
+
+#[test]
+fn oversized_and_unreadable_files_are_refused_with_their_path() {
+    let big = "# padding\n".repeat(120_000);
+    assert!(matches!(err(&big), ConfigError::TooLarge { .. }));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, &big).unwrap();
+    assert!(matches!(
+        Config::load(&path),
+        Err(ConfigError::TooLarge { .. })
+    ));
+    let missing = dir.path().join("missing.yaml");
+    let e = Config::load(&missing).unwrap_err();
+    assert!(e.to_string().contains("missing.yaml"), "{e}");
+}
+
+#[test]
+fn alias_bombs_and_deep_nesting_hit_the_budget_not_the_memory() {
+    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 0..12 {
+        let prev = if i == 0 {
+            "a".to_string()
+        } else {
+            format!("b{}", i - 1)
+        };
+        bomb.push_str(&format!("b{i}: &b{i} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"));
+    }
+    assert!(matches!(err(&bomb), ConfigError::Syntax { .. }));
+    let deep = format!("pools: {}{}\n", "[".repeat(200), "]".repeat(200));
+    assert!(matches!(err(&deep), ConfigError::Syntax { .. }));
+}
+
+#[test]
+fn multiple_documents_are_refused() {
+    let e = err("log: {level: info}\n---\nlog: {level: debug}\n");
+    assert!(matches!(e, ConfigError::Syntax { .. }), "{e:?}");
+}
