@@ -26,6 +26,7 @@ struct FakeEngine {
     prepared: Mutex<Vec<Vec<String>>>,
     unprepared: Mutex<Vec<Vec<String>>>,
     leave_out: Mutex<BTreeSet<String>>,
+    panic_on: Mutex<Option<String>>,
 }
 
 impl FakeEngine {
@@ -53,6 +54,10 @@ impl ClaimService for FakeEngine {
             .lock()
             .expect("lock")
             .push(claims.iter().map(|c| c.uid.clone()).collect());
+        let panic_on = self.panic_on.lock().expect("lock").clone();
+        if claims.iter().any(|c| Some(&c.uid) == panic_on.as_ref()) {
+            panic!("fake engine told to panic");
+        }
         let leave_out = self.leave_out.lock().expect("lock").clone();
         claims
             .into_iter()
@@ -556,5 +561,46 @@ async fn malformed_bytes_close_the_connection_and_the_server_lives_on() {
         .await
         .expect("prepare");
     assert!(answers["after-garbage"].is_ok());
+    f.server.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn an_undecodable_payload_is_invalid_argument() {
+    let f = start_with(options(), true).await;
+    let stream = tokio::net::UnixStream::connect(&f.path)
+        .await
+        .expect("connect");
+    let raw = ttrpc::r#async::Client::new(ttrpc::r#async::transport::Socket::new(stream));
+    let mut req = ttrpc::Request::new();
+    req.service = "nriaccel.claims.v1.Claims".into();
+    req.method = "Prepare".into();
+    req.payload = vec![0xff; 7];
+    let err = raw.request(req).await.expect_err("garbage payload");
+    let ttrpc::Error::RpcStatus(status) = err else {
+        panic!("expected a status, got {err:?}");
+    };
+    assert_eq!(status.code(), Code::INVALID_ARGUMENT, "{status:?}");
+    assert!(
+        status
+            .message
+            .contains("Prepare request could not be decoded"),
+        "{status:?}"
+    );
+    assert!(f.engine.prepare_calls().is_empty());
+    f.server.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn an_engine_panic_is_internal_and_the_server_lives_on() {
+    let f = start_with(options(), true).await;
+    *f.engine.panic_on.lock().expect("lock") = Some("boom".to_string());
+    let c = client(&f.path).await;
+    let err = c.prepare(vec![dra_claim("boom")]).await.expect_err("panic");
+    assert_eq!(rpc_code(&err), Some(Code::INTERNAL), "{err}");
+    let answers = c
+        .prepare(vec![dra_claim("calm")])
+        .await
+        .expect("after panic");
+    assert!(answers["calm"].is_ok());
     f.server.shutdown().await.expect("shutdown");
 }

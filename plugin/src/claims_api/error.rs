@@ -35,6 +35,14 @@ pub enum ClaimsApiError {
         /// The limit.
         max: usize,
     },
+    /// The request payload does not decode as the method's message.
+    #[error("{method} request could not be decoded: {reason}")]
+    Undecodable {
+        /// Method called.
+        method: String,
+        /// What the decoder reported.
+        reason: String,
+    },
     /// The claim engine failed as a whole (for example it panicked); no claim was answered.
     #[error("nri-accel's claim engine failed: {0}; retry, and see the daemon's log")]
     Engine(String),
@@ -132,7 +140,7 @@ impl ClaimsApiError {
         match self {
             Self::GateClosed => Code::UNAVAILABLE,
             Self::RequestTooLarge { .. } => Code::RESOURCE_EXHAUSTED,
-            Self::TooManyClaims { .. } => Code::INVALID_ARGUMENT,
+            Self::TooManyClaims { .. } | Self::Undecodable { .. } => Code::INVALID_ARGUMENT,
             Self::Rpc { code, .. } => *code,
             Self::Engine(_)
             | Self::CreateDir { .. }

@@ -200,7 +200,8 @@ impl<S: ClaimService> claims_ttrpc::Claims for ClaimsHandler<S> {
     }
 }
 
-/// Wraps a generated method handler and refuses payloads over the limit before they are decoded.
+/// Wraps a generated method handler: refuses payloads over the limit before they are decoded, and
+/// answers undecodable payloads with INVALID_ARGUMENT.
 struct SizeLimited {
     method: String,
     max: usize,
@@ -225,7 +226,22 @@ impl MethodHandler for SizeLimited {
             resp.set_status(e.to_status());
             return Ok(resp);
         }
-        self.inner.handler(ctx, req).await
+        // Generated handlers turn the service's errors into statuses themselves; an `Err` here
+        // means the payload did not decode (or the answer did not encode). Map it here, not to
+        // ttrpc's catch-all UNKNOWN.
+        match self.inner.handler(ctx, req).await {
+            Ok(resp) => Ok(resp),
+            Err(e) => {
+                let e = ClaimsApiError::Undecodable {
+                    method: self.method.clone(),
+                    reason: e.to_string(),
+                };
+                tracing::warn!("{e}");
+                let mut resp = ttrpc::Response::new();
+                resp.set_status(e.to_status());
+                Ok(resp)
+            }
+        }
     }
 }
 
