@@ -152,6 +152,9 @@ pub type UnprepareResults = BTreeMap<String, Result<(), String>>;
 /// UID; the engine gets only claims that passed. Both `prepare` and `unprepare` must be idempotent
 /// per claim UID (kubelet repeats them) and should answer every claim they were given; a claim the
 /// engine leaves out is answered with an error by the API.
+///
+/// `list` and `status` are also called while the gate is closed (during startup), so they must
+/// not wait for it.
 #[async_trait]
 pub trait ClaimService: Send + Sync + 'static {
     /// Prepares each claim; already prepared claims get the same devices again.
