@@ -203,6 +203,15 @@ impl<M: UnitModel> UnitPolicy<M> {
                 };
                 match self.model.place(dev, &unit, claim) {
                     Ok(()) => unit,
+                    Err(PlaceError::Held(holder)) if holder == claim => {
+                        return Err(Refusal::new(
+                            claim,
+                            Some(&id),
+                            RefusalReason::InvalidRequest {
+                                why: format!("its results overlap on device {id}"),
+                            },
+                        ));
+                    }
                     Err(PlaceError::Held(holder)) => {
                         return Err(Refusal::new(
                             claim,
