@@ -27,7 +27,9 @@ fn device(i: u32) -> Device {
         pci_address: Some(format!("0000:{:02x}:00.0", 0x10 + i)),
         pci_id: None,
         numa_node: Some(numa),
-        local_cpus: format!("{}-{}", numa * 32, numa * 32 + 31).parse().unwrap_or_default(),
+        local_cpus: format!("{}-{}", numa * 32, numa * 32 + 31)
+            .parse()
+            .unwrap_or_default(),
         memory_mib: 81920,
         compute_units: 132,
         driver: None,
@@ -145,8 +147,12 @@ fn main() {
         live += 1;
     }
     for i in 0..186 {
-        node.allocate(&count(format!("live-m{i}"), FamilyKind::Sliced, Some("1g.10gb")))
-            .expect("slice");
+        node.allocate(&count(
+            format!("live-m{i}"),
+            FamilyKind::Sliced,
+            Some("1g.10gb"),
+        ))
+        .expect("slice");
         live += 1;
     }
     assert_eq!(node.allocations().count(), live);

@@ -21,22 +21,26 @@ use policies::{
 pub const NAME: &str = "spread";
 
 /// The factory the registry calls for each pool of this policy.
-pub fn factory(pool: &PoolConfig, mut devices: Vec<Device>) -> Result<Box<dyn Policy>, PolicyError> {
+pub fn factory(
+    pool: &PoolConfig,
+    mut devices: Vec<Device>,
+) -> Result<Box<dyn Policy>, PolicyError> {
     let FamilyConfig::Custom { params, .. } = &pool.family else {
         return Err(PolicyError::InvalidPool {
             pool: pool.name.clone(),
             why: "the spread policy needs a custom family".to_string(),
         });
     };
-    let max_per_numa = match params.get("max_per_numa") {
-        None => 1,
-        Some(text) => text.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
-            PolicyError::InvalidPool {
-                pool: pool.name.clone(),
-                why: format!("max_per_numa must be a positive number, not {text:?}"),
-            }
-        })?,
-    };
+    let max_per_numa =
+        match params.get("max_per_numa") {
+            None => 1,
+            Some(text) => text.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                PolicyError::InvalidPool {
+                    pool: pool.name.clone(),
+                    why: format!("max_per_numa must be a positive number, not {text:?}"),
+                }
+            })?,
+        };
     devices.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(Box::new(Spread {
         pool: pool.name.clone(),
@@ -157,7 +161,12 @@ impl Policy for Spread {
                         RefusalReason::WrongFamily {
                             pool: self.pool.clone(),
                             family: NAME.to_string(),
-                            asked: if profile.is_some() { "sliced" } else { "shared" }.to_string(),
+                            asked: if profile.is_some() {
+                                "sliced"
+                            } else {
+                                "shared"
+                            }
+                            .to_string(),
                         },
                     );
                 }
@@ -169,7 +178,10 @@ impl Policy for Spread {
                         break;
                     }
                     let taken = per_numa.entry(d.numa_node).or_default();
-                    if selector.matches(d) && !self.holders.contains_key(&d.id) && *taken < self.max_per_numa {
+                    if selector.matches(d)
+                        && !self.holders.contains_key(&d.id)
+                        && *taken < self.max_per_numa
+                    {
                         *taken += 1;
                         chosen.push(self.grant(d, request));
                     }
@@ -200,7 +212,11 @@ impl Policy for Spread {
 
     fn adopt(&mut self, claim: &str, device_id: &str) -> Result<Grant, Refusal> {
         let Some(d) = self.devices.iter().find(|d| d.id == device_id) else {
-            return Err(Refusal::new(claim, Some(device_id), RefusalReason::UnknownDevice));
+            return Err(Refusal::new(
+                claim,
+                Some(device_id),
+                RefusalReason::UnknownDevice,
+            ));
         };
         match self.holders.get(device_id) {
             Some((c, g)) if c == claim => Ok(g.clone()),

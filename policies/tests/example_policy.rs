@@ -9,7 +9,7 @@ mod spread;
 use std::collections::BTreeMap;
 
 use common::*;
-use policies::{FamilyConfig, Inventory, Node, PolicyError, Registry, RefusalReason};
+use policies::{FamilyConfig, Inventory, Node, PolicyError, RefusalReason, Registry};
 
 fn spread_pool(max_per_numa: Option<&str>) -> policies::PoolConfig {
     let mut params = BTreeMap::new();
@@ -49,7 +49,12 @@ fn spread_node(max_per_numa: Option<&str>) -> Node {
 fn spreads_results_over_numa_nodes() {
     let mut n = spread_node(None);
     let out = n.allocate(&counted("a", vec![count("r", 2)])).unwrap();
-    let ids: Vec<&str> = out.allocation.results.iter().map(|g| g.device_id.as_str()).collect();
+    let ids: Vec<&str> = out
+        .allocation
+        .results
+        .iter()
+        .map(|g| g.device_id.as_str())
+        .collect();
     assert_eq!(ids, ["g0", "g2"]);
     // The node's CPU accounting works for author policies too.
     assert_eq!(out.allocation.cpus, cpus("0,4"));

@@ -18,7 +18,11 @@ fn ids(outcome: &policies::Outcome) -> Vec<String> {
 
 #[test]
 fn exclusive_keeps_a_claim_on_one_numa_node() {
-    let mut n = node(four_gpus(), "0-7", &[pool("gpus", &[], FamilyConfig::Exclusive, 0)]);
+    let mut n = node(
+        four_gpus(),
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 0)],
+    );
     n.allocate(&named("a", &[("gpus", "gpus-g0")])).unwrap();
     // NUMA 0 has one device left, NUMA 1 two: both results go to NUMA 1.
     let out = n.allocate(&counted("b", vec![count("r", 2)])).unwrap();
@@ -38,7 +42,11 @@ fn count_requests_stay_near_the_claims_first_device() {
         gpu("g1", "nvidia", 0, "0-3", 0x17, 1),
         gpu("g2", "nvidia", 0, "0-3", 0x17, 2),
     ];
-    let mut n = node(devices, "0-7", &[pool("gpus", &[], FamilyConfig::Exclusive, 0)]);
+    let mut n = node(
+        devices,
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 0)],
+    );
     let first = CountRequest {
         selector: DeviceSelector {
             ids: vec!["g1".to_string()],
@@ -55,7 +63,11 @@ fn count_requests_stay_near_the_claims_first_device() {
 
 #[test]
 fn allocate_is_idempotent_per_uid_and_release_of_unknown_is_empty() {
-    let mut n = node(four_gpus(), "0-7", &[pool("gpus", &[], FamilyConfig::Exclusive, 0)]);
+    let mut n = node(
+        four_gpus(),
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 0)],
+    );
     let first = n.allocate(&counted("a", vec![count("r", 2)])).unwrap();
     let again = n.allocate(&counted("a", vec![count("r", 2)])).unwrap();
     assert!(!first.already);
@@ -80,16 +92,29 @@ fn shared_spreads_shares_and_exports_mps_limits() {
     // Least used first: the second claim lands on the other device.
     assert_eq!(ids(&a), ["g0"]);
     assert_eq!(ids(&b), ["g1"]);
-    assert_eq!(a.allocation.results[0].unit, Unit::Share { index: 0, count: 1 });
+    assert_eq!(
+        a.allocation.results[0].unit,
+        Unit::Share { index: 0, count: 1 }
+    );
     let edits = n.edits("a").unwrap();
     assert_eq!(
         edits[0].env,
         [
-            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(), "50".to_string()),
-            ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(), "0=4096M".to_string()),
+            (
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
+                "50".to_string()
+            ),
+            (
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
+                "0=4096M".to_string()
+            ),
         ]
     );
-    let paths: Vec<&str> = edits[0].device_nodes.iter().map(|d| d.path.as_str()).collect();
+    let paths: Vec<&str> = edits[0]
+        .device_nodes
+        .iter()
+        .map(|d| d.path.as_str())
+        .collect();
     assert_eq!(paths, ["/dev/nvidia0", "/dev/nvidiactl"]);
     // Two shares in one result take both replicas of a device.
     let c = CountRequest {
@@ -100,7 +125,10 @@ fn shared_spreads_shares_and_exports_mps_limits() {
     assert!(matches!(refused.reason, RefusalReason::NoCapacity { .. }));
     n.release("b");
     let c = n.allocate(&counted("c", vec![c])).unwrap();
-    assert_eq!(c.allocation.results[0].unit, Unit::Share { index: 0, count: 2 });
+    assert_eq!(
+        c.allocation.results[0].unit,
+        Unit::Share { index: 0, count: 2 }
+    );
     assert_eq!(n.holder_of("g1"), ["c"]);
     assert_eq!(n.edits("c").unwrap()[0].env[0].1, "100");
 }
@@ -108,16 +136,26 @@ fn shared_spreads_shares_and_exports_mps_limits() {
 #[test]
 fn shared_uses_generic_limit_names_for_other_vendors() {
     let devices = vec![gpu("a0", "amd", 0, "0-3", 0x17, 0)];
-    let mut n = node(devices, "0-7", &[pool("share", &[], shared(4, 1024, 25), 0)]);
+    let mut n = node(
+        devices,
+        "0-7",
+        &[pool("share", &[], shared(4, 1024, 25), 0)],
+    );
     // A named shareable device takes one share per result, several claims at once.
     n.allocate(&named("x", &[("share", "share-a0")])).unwrap();
     let y = n.allocate(&named("y", &[("share", "share-a0")])).unwrap();
-    assert_eq!(y.allocation.results[0].unit, Unit::Share { index: 1, count: 1 });
+    assert_eq!(
+        y.allocation.results[0].unit,
+        Unit::Share { index: 1, count: 1 }
+    );
     assert_eq!(
         n.edits("y").unwrap()[0].env,
         [
             ("ACCEL_SHARE_COMPUTE_PERCENT".to_string(), "25".to_string()),
-            ("ACCEL_SHARE_MEMORY_LIMIT_MIB".to_string(), "1024".to_string()),
+            (
+                "ACCEL_SHARE_MEMORY_LIMIT_MIB".to_string(),
+                "1024".to_string()
+            ),
         ]
     );
     assert_eq!(n.holder_of("a0"), ["x", "y"]);
@@ -125,7 +163,11 @@ fn shared_uses_generic_limit_names_for_other_vendors() {
 
 #[test]
 fn sliced_places_best_fit_and_reports_no_placement() {
-    let mut n = node(four_gpus()[..1].to_vec(), "0-7", &[pool("mig", &[], mig(), 0)]);
+    let mut n = node(
+        four_gpus()[..1].to_vec(),
+        "0-7",
+        &[pool("mig", &[], mig(), 0)],
+    );
     let slice = |p: &str| CountRequest {
         profile: Some(p.to_string()),
         ..count("r", 1)
@@ -146,7 +188,9 @@ fn sliced_places_best_fit_and_reports_no_placement() {
     assert_eq!(c.allocation.results[0].device, "mig-g0-1g-10gb-1");
     // 2 slots free (2,3) at an allowed 2g start: fits; then nothing for 2g.
     n.allocate(&counted("d", vec![slice("2g.20gb")])).unwrap();
-    let refused = n.allocate(&counted("e", vec![slice("2g.20gb")])).unwrap_err();
+    let refused = n
+        .allocate(&counted("e", vec![slice("2g.20gb")]))
+        .unwrap_err();
     assert!(matches!(refused.reason, RefusalReason::NoCapacity { .. }));
     assert_eq!(
         n.edits("b").unwrap()[0].env[..3],
@@ -160,9 +204,16 @@ fn sliced_places_best_fit_and_reports_no_placement() {
 
 #[test]
 fn sliced_free_slots_without_an_allowed_start_is_no_placement() {
-    let mut n = node(four_gpus()[..1].to_vec(), "0-7", &[pool("mig", &[], mig(), 0)]);
-    n.allocate(&named("a", &[("mig", "mig-g0-1g-10gb-1"), ("mig", "mig-g0-1g-10gb-6")]))
-        .unwrap();
+    let mut n = node(
+        four_gpus()[..1].to_vec(),
+        "0-7",
+        &[pool("mig", &[], mig(), 0)],
+    );
+    n.allocate(&named(
+        "a",
+        &[("mig", "mig-g0-1g-10gb-1"), ("mig", "mig-g0-1g-10gb-6")],
+    ))
+    .unwrap();
     let req = CountRequest {
         profile: Some("4g.40gb".to_string()),
         ..count("r", 1)
@@ -214,7 +265,11 @@ fn published_names_cover_every_family() {
 
 #[test]
 fn local_cpus_move_between_claims_and_the_shared_pool() {
-    let mut n = node(four_gpus(), "0-7", &[pool("gpus", &[], FamilyConfig::Exclusive, 2)]);
+    let mut n = node(
+        four_gpus(),
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 2)],
+    );
     let (adj, _) = n.container_started("idle", &[]);
     assert_eq!(adj.cpus, Some(cpus("0-7")));
     let out = n.allocate(&named("a", &[("gpus", "gpus-g2")])).unwrap();
@@ -243,7 +298,10 @@ fn shared_claims_without_exclusive_cpus_get_device_local_shared_cpus() {
     assert_eq!(adj.mems, Some(cpus("1")));
     assert_eq!(
         adj.env,
-        [("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(), "10".to_string())]
+        [(
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
+            "10".to_string()
+        )]
     );
 }
 
@@ -255,7 +313,8 @@ fn restore_rebuilds_and_refuses_conflicting_records() {
     ];
     let mut n = node(four_gpus(), "0-7", &pools);
     n.allocate(&counted("a", vec![count("r", 2)])).unwrap();
-    n.allocate(&named("b", &[("mig", "mig-g2-2g-20gb-2")])).unwrap();
+    n.allocate(&named("b", &[("mig", "mig-g2-2g-20gb-2")]))
+        .unwrap();
     let records: Vec<_> = n.allocations().cloned().collect();
     let mut fresh = node(four_gpus(), "0-7", &pools);
     fresh.restore(&records).unwrap();
@@ -268,14 +327,20 @@ fn restore_rebuilds_and_refuses_conflicting_records() {
     c.cpus = Default::default();
     bad.push(c);
     let err = fresh.restore(&bad).unwrap_err().to_string();
-    assert!(err.contains("claim c") && err.contains("device g2"), "{err}");
+    assert!(
+        err.contains("claim c") && err.contains("device g2"),
+        "{err}"
+    );
     // The node keeps what it held.
     assert_eq!(fresh.snapshot(), n.snapshot());
 
     let mut gone = records.clone();
     gone[0].results[0].device_id = "g9".to_string();
     let err = fresh.restore(&gone).unwrap_err().to_string();
-    assert!(err.contains("claim a") && err.contains("device g9"), "{err}");
+    assert!(
+        err.contains("claim a") && err.contains("device g9"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -298,6 +363,9 @@ fn adoption_marks_devices_in_use() {
     );
     let out = n.adopt("adopted-c1", "g1").unwrap();
     assert_eq!(out.allocation.results.len(), 2);
-    assert_eq!(out.allocation.results[1].unit, Unit::Share { index: 0, count: 1 });
+    assert_eq!(
+        out.allocation.results[1].unit,
+        Unit::Share { index: 0, count: 1 }
+    );
     assert!(n.adopt("adopted-c2", "g3").is_err());
 }

@@ -68,12 +68,25 @@ fn world() -> impl Strategy<Value = World> {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Named { uid: u8, picks: Vec<usize> },
-    Count { uid: u8, reqs: Vec<(u32, u8, u8, bool)> },
-    Release { uid: u8 },
+    Named {
+        uid: u8,
+        picks: Vec<usize>,
+    },
+    Count {
+        uid: u8,
+        reqs: Vec<(u32, u8, u8, bool)>,
+    },
+    Release {
+        uid: u8,
+    },
     Restore,
-    Started { container: u8, claims: Vec<u8> },
-    Removed { container: u8 },
+    Started {
+        container: u8,
+        claims: Vec<u8>,
+    },
+    Removed {
+        container: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -171,7 +184,9 @@ fn occupancy(snap: &Snapshot, allocs: &[Allocation]) -> Result<(), TestCaseError
         .collect();
     for a in allocs {
         for g in &a.results {
-            let slots = from_records.get_mut(&g.device_id).expect("granted device is pooled");
+            let slots = from_records
+                .get_mut(&g.device_id)
+                .expect("granted device is pooled");
             let total = totals[&g.device_id];
             for s in range(&g.unit, total) {
                 prop_assert!(
@@ -187,18 +202,18 @@ fn occupancy(snap: &Snapshot, allocs: &[Allocation]) -> Result<(), TestCaseError
     Ok(())
 }
 
-fn check(
-    w: &World,
-    n: &Node,
-    model: &BTreeMap<String, CpuSet>,
-) -> Result<(), TestCaseError> {
+fn check(w: &World, n: &Node, model: &BTreeMap<String, CpuSet>) -> Result<(), TestCaseError> {
     let snap = n.snapshot();
     let allocs: Vec<Allocation> = n.allocations().cloned().collect();
     occupancy(&snap, &allocs)?;
     // CPUs: exclusive sets disjoint, and the shared pool is exactly what is left.
     let mut given = CpuSet::new();
     for a in &allocs {
-        prop_assert!(a.cpus.is_disjoint(&given), "a CPU of {} is given twice", a.claim_uid);
+        prop_assert!(
+            a.cpus.is_disjoint(&given),
+            "a CPU of {} is given twice",
+            a.claim_uid
+        );
         given = given.union(&a.cpus);
         let mut want = 0;
         let mut local = CpuSet::new();
@@ -303,7 +318,12 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         prop_assert_eq!(&refusal.claim, &req.uid);
                         let prefix = format!("claim {} refused: ", req.uid);
                         prop_assert!(refusal.to_string().starts_with(&prefix), "{}", refusal);
-                        prop_assert_eq!(n.snapshot(), before, "refusal changed the node: {}", refusal);
+                        prop_assert_eq!(
+                            n.snapshot(),
+                            before,
+                            "refusal changed the node: {}",
+                            refusal
+                        );
                     }
                 }
             }
@@ -342,8 +362,13 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
                             prop_assert_eq!(b - ua[dev], freed.get(dev).copied().unwrap_or(0));
                         }
                         prop_assert_eq!(after.shared_cpus, before.shared_cpus.union(&a.cpus));
-                        prop_assert!(after.pools.iter().flat_map(|p| p.devices.iter())
-                            .all(|d| d.held.iter().all(|h| h.claim != id)));
+                        prop_assert!(
+                            after
+                                .pools
+                                .iter()
+                                .flat_map(|p| p.devices.iter())
+                                .all(|d| d.held.iter().all(|h| h.claim != id))
+                        );
                     }
                 }
             }

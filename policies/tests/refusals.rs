@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use policies::{Ask, CountRequest, DeviceSelector, FamilyConfig, FamilyKind, Refusal, RefusalReason};
+use policies::{
+    Ask, CountRequest, DeviceSelector, FamilyConfig, FamilyKind, Refusal, RefusalReason,
+};
 
 fn refused(n: &mut policies::Node, req: &policies::ClaimRequest) -> Refusal {
     let before = n.snapshot();
@@ -15,7 +17,11 @@ fn refused(n: &mut policies::Node, req: &policies::ClaimRequest) -> Refusal {
 }
 
 fn gpus() -> policies::Node {
-    node(four_gpus(), "0-7", &[pool("gpus", &[], FamilyConfig::Exclusive, 0)])
+    node(
+        four_gpus(),
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 0)],
+    )
 }
 
 #[test]
@@ -31,7 +37,10 @@ fn unknown_device() {
 fn held_by_other() {
     let mut n = gpus();
     n.allocate(&named("c1", &[("gpus", "gpus-g0")])).unwrap();
-    let r = refused(&mut n, &named("c2", &[("gpus", "gpus-g1"), ("gpus", "gpus-g0")]));
+    let r = refused(
+        &mut n,
+        &named("c2", &[("gpus", "gpus-g1"), ("gpus", "gpus-g0")]),
+    );
     assert_eq!(
         r.to_string(),
         "claim c2 refused: device g0 is held by claim c1 until that claim is unprepared"
@@ -46,8 +55,15 @@ fn mixed_vendors() {
         gpu("a0", "amd", 0, "0-3", 0x17, 0),
         gpu("n0", "nvidia", 0, "0-3", 0x18, 0),
     ];
-    let mut n = node(devices, "0-7", &[pool("gpus", &[], FamilyConfig::Exclusive, 0)]);
-    let r = refused(&mut n, &named("c1", &[("gpus", "gpus-n0"), ("gpus", "gpus-a0")]));
+    let mut n = node(
+        devices,
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 0)],
+    );
+    let r = refused(
+        &mut n,
+        &named("c1", &[("gpus", "gpus-n0"), ("gpus", "gpus-a0")]),
+    );
     assert_eq!(
         r.to_string(),
         "claim c1 refused: device a0 would mix vendors amd and nvidia in one claim"
@@ -56,7 +72,10 @@ fn mixed_vendors() {
     let out = n
         .allocate(&counted("c2", vec![count("a", 1), count("b", 1)]))
         .unwrap_err();
-    assert!(matches!(out.reason, RefusalReason::NoCapacity { .. }), "{out}");
+    assert!(
+        matches!(out.reason, RefusalReason::NoCapacity { .. }),
+        "{out}"
+    );
 }
 
 #[test]
@@ -126,9 +145,16 @@ fn wrong_family() {
 
 #[test]
 fn no_placement() {
-    let mut n = node(four_gpus()[..1].to_vec(), "0-7", &[pool("mig", &[], mig(), 0)]);
-    n.allocate(&named("c0", &[("mig", "mig-g0-1g-10gb-3"), ("mig", "mig-g0-1g-10gb-7")]))
-        .unwrap();
+    let mut n = node(
+        four_gpus()[..1].to_vec(),
+        "0-7",
+        &[pool("mig", &[], mig(), 0)],
+    );
+    n.allocate(&named(
+        "c0",
+        &[("mig", "mig-g0-1g-10gb-3"), ("mig", "mig-g0-1g-10gb-7")],
+    ))
+    .unwrap();
     let req = CountRequest {
         profile: Some("4g.40gb".to_string()),
         ..count("r", 1)
@@ -155,7 +181,10 @@ fn no_capacity() {
 fn no_pool_and_no_matching_pool() {
     let mut n = gpus();
     let r = refused(&mut n, &named("c1", &[("tpus", "tpus-t0")]));
-    assert_eq!(r.to_string(), "claim c1 refused: there is no pool named tpus");
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: there is no pool named tpus"
+    );
     let req = CountRequest {
         selector: DeviceSelector {
             vendor: Some("intel".to_string()),
@@ -172,7 +201,11 @@ fn no_pool_and_no_matching_pool() {
 
 #[test]
 fn not_enough_cpus() {
-    let mut n = node(four_gpus(), "0-7", &[pool("gpus", &[], FamilyConfig::Exclusive, 3)]);
+    let mut n = node(
+        four_gpus(),
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 3)],
+    );
     n.allocate(&named("c0", &[("gpus", "gpus-g2")])).unwrap();
     let r = refused(&mut n, &named("c1", &[("gpus", "gpus-g3")]));
     assert_eq!(
@@ -194,7 +227,10 @@ fn invalid_requests() {
     assert!(matches!(r.reason, RefusalReason::InvalidRequest { .. }));
     let r = refused(&mut n, &named("", &[("gpus", "gpus-g0")]));
     assert!(matches!(r.reason, RefusalReason::InvalidRequest { .. }));
-    let r = refused(&mut n, &named("c3", &[("gpus", "gpus-g0"), ("gpus", "gpus-g0")]));
+    let r = refused(
+        &mut n,
+        &named("c3", &[("gpus", "gpus-g0"), ("gpus", "gpus-g0")]),
+    );
     assert!(matches!(r.reason, RefusalReason::InvalidRequest { .. }));
 }
 
@@ -206,7 +242,12 @@ fn docs_list_every_refusal_sentence() {
     let s = |x: &str| x.to_string();
     let reasons = vec![
         (true, RefusalReason::UnknownDevice),
-        (true, RefusalReason::HeldByOther { holder: s("<holder>") }),
+        (
+            true,
+            RefusalReason::HeldByOther {
+                holder: s("<holder>"),
+            },
+        ),
         (
             true,
             RefusalReason::MixedVendors {
@@ -236,12 +277,38 @@ fn docs_list_every_refusal_sentence() {
                 asked: s("<asked>"),
             },
         ),
-        (true, RefusalReason::NoPlacement { profile: s("<profile>") }),
-        (false, RefusalReason::NoPlacement { profile: s("<profile>") }),
-        (false, RefusalReason::NoCapacity { request: s("<request>") }),
+        (
+            true,
+            RefusalReason::NoPlacement {
+                profile: s("<profile>"),
+            },
+        ),
+        (
+            false,
+            RefusalReason::NoPlacement {
+                profile: s("<profile>"),
+            },
+        ),
+        (
+            false,
+            RefusalReason::NoCapacity {
+                request: s("<request>"),
+            },
+        ),
         (false, RefusalReason::NoPool { pool: s("<pool>") }),
-        (false, RefusalReason::NoMatchingPool { request: s("<request>") }),
-        (true, RefusalReason::NotEnoughCpus { asked: 111, free: 222 }),
+        (
+            false,
+            RefusalReason::NoMatchingPool {
+                request: s("<request>"),
+            },
+        ),
+        (
+            true,
+            RefusalReason::NotEnoughCpus {
+                asked: 111,
+                free: 222,
+            },
+        ),
         (false, RefusalReason::InvalidRequest { why: s("<why>") }),
     ];
     for (with_device, reason) in reasons {
