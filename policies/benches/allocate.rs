@@ -156,9 +156,32 @@ fn main() {
         live += 1;
     }
     assert_eq!(node.allocations().count(), live);
+    report(&format!("{live} live claims, no containers, all kinds"), measure(&mut node, ops, &[0, 1, 2, 3]));
+    // One container per live claim, plus 50 with no claim: every container
+    // whose cpuset follows the shared CPU pool gets an update when a claim
+    // takes or gives back accelerator-local CPUs (the exclusive kind here).
+    let uids: Vec<String> = node.allocations().map(|a| a.claim_uid.clone()).collect();
+    for (i, uid) in uids.iter().enumerate() {
+        node.container_started(&format!("ctr-{i}"), std::slice::from_ref(uid));
+    }
+    for i in 0..50 {
+        node.container_started(&format!("idle-{i}"), &[]);
+    }
+    report(
+        &format!("{live} live claims, 1,050 containers, kinds that move no CPU"),
+        measure(&mut node, ops, &[1, 2, 3]),
+    );
+    report(
+        &format!("{live} live claims, 1,050 containers, exclusive + 1 local CPU (1,036 updates each way)"),
+        measure(&mut node, ops / 10, &[0]),
+    );
+}
+
+fn measure(node: &mut Node, ops: usize, kinds: &[u64]) -> Vec<Duration> {
     let mut durations: Vec<Duration> = Vec::with_capacity(ops);
     for i in 0..ops as u64 {
-        let req = request(i, format!("op-{i}"));
+        let kind = kinds[(i % kinds.len() as u64) as usize] + 4 * (i / kinds.len() as u64);
+        let req = request(kind, format!("op-{i}"));
         let start = Instant::now();
         let out = node.allocate(black_box(&req));
         let updates = node.release(&req.uid);
@@ -168,10 +191,15 @@ fn main() {
         durations.push(took);
     }
     durations.sort_unstable();
+    durations
+}
+
+fn report(what: &str, durations: Vec<Duration>) {
     let pct = |p: f64| durations[((durations.len() as f64 * p) as usize).min(durations.len() - 1)];
     let mean = durations.iter().sum::<Duration>() / durations.len() as u32;
     println!(
-        "allocate+release, 64 devices, {live} live claims, {ops} ops: mean {:.2?} p50 {:.2?} p90 {:.2?} p99 {:.2?} p99.9 {:.2?} max {:.2?}",
+        "allocate+release, 64 devices, {what}, {} ops: mean {:.2?} p50 {:.2?} p90 {:.2?} p99 {:.2?} p99.9 {:.2?} max {:.2?}",
+        durations.len(),
         mean,
         pct(0.50),
         pct(0.90),

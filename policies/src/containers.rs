@@ -25,6 +25,13 @@ impl Node {
         container_id: &str,
         claims: &[ClaimUid],
     ) -> (Adjustment, Vec<ContainerUpdate>) {
+        self.forget_container(container_id);
+        for uid in claims {
+            self.users
+                .entry(uid.clone())
+                .or_default()
+                .insert(container_id.to_string());
+        }
         let mut c = Container {
             claims: claims.to_vec(),
             ..Container::default()
@@ -38,14 +45,29 @@ impl Node {
             cpus: Some(cpus),
             mems: (!mems.is_empty()).then_some(mems),
         };
-        (adjustment, self.refresh_containers())
+        // The shared pool did not move: no other container changes.
+        (adjustment, Vec::new())
     }
 
     /// Forgets a container. Its claims keep their CPUs until released, so
     /// this normally yields no update.
     pub fn container_removed(&mut self, container_id: &str) -> Vec<ContainerUpdate> {
-        self.containers.remove(container_id);
-        self.refresh_containers()
+        self.forget_container(container_id);
+        Vec::new()
+    }
+
+    fn forget_container(&mut self, container_id: &str) {
+        let Some(old) = self.containers.remove(container_id) else {
+            return;
+        };
+        for uid in &old.claims {
+            if let Some(set) = self.users.get_mut(uid) {
+                set.remove(container_id);
+                if set.is_empty() {
+                    self.users.remove(uid);
+                }
+            }
+        }
     }
 
     /// Containers known, with their claims and current cpusets, by id.
@@ -88,10 +110,26 @@ impl Node {
         (cpus, mems)
     }
 
-    /// Recomputes every container's cpuset; answers the ones that changed, by container id.
+    /// Recomputes every container's cpuset (the shared pool moved); answers
+    /// the ones that changed, by container id.
     pub(crate) fn refresh_containers(&mut self) -> Vec<ContainerUpdate> {
-        let mut updates = Vec::new();
         let ids: Vec<String> = self.containers.keys().cloned().collect();
+        self.refresh(ids)
+    }
+
+    /// Recomputes the cpusets of the containers using `uid` (the claim came
+    /// or went without moving CPUs).
+    pub(crate) fn refresh_users_of(&mut self, uid: &str) -> Vec<ContainerUpdate> {
+        let ids: Vec<String> = self
+            .users
+            .get(uid)
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default();
+        self.refresh(ids)
+    }
+
+    fn refresh(&mut self, ids: Vec<String>) -> Vec<ContainerUpdate> {
+        let mut updates = Vec::new();
         for id in ids {
             let Some(c) = self.containers.get(&id) else {
                 continue;

@@ -41,6 +41,9 @@ pub struct Node {
     pub(crate) claims: BTreeMap<ClaimUid, Allocation>,
     pub(crate) shared: CpuSet,
     pub(crate) containers: BTreeMap<String, Container>,
+    /// Claim -> the containers using it, so a claim that moves no CPU only
+    /// touches its own containers.
+    pub(crate) users: BTreeMap<ClaimUid, BTreeSet<String>>,
 }
 
 impl Node {
@@ -124,6 +127,7 @@ impl Node {
             numa_cpus,
             claims: BTreeMap::new(),
             containers: BTreeMap::new(),
+            users: BTreeMap::new(),
         })
     }
 
@@ -237,7 +241,11 @@ impl Node {
             cpus,
         };
         self.claims.insert(req.uid.clone(), allocation.clone());
-        let updates = self.refresh_containers();
+        let updates = if allocation.cpus.is_empty() {
+            self.refresh_users_of(&req.uid)
+        } else {
+            self.refresh_containers()
+        };
         Ok(Outcome {
             allocation,
             updates,
@@ -465,6 +473,9 @@ impl Node {
         for p in pools {
             self.pools[p].policy.release(uid);
         }
+        if a.cpus.is_empty() {
+            return self.refresh_users_of(uid);
+        }
         self.shared = self.shared.union(&a.cpus);
         self.refresh_containers()
     }
@@ -548,7 +559,7 @@ impl Node {
         let allocation = a.clone();
         Ok(Outcome {
             allocation,
-            updates: self.refresh_containers(),
+            updates: self.refresh_users_of(uid),
             already: false,
         })
     }
