@@ -156,7 +156,10 @@ fn main() {
         live += 1;
     }
     assert_eq!(node.allocations().count(), live);
-    report(&format!("{live} live claims, no containers, all kinds"), measure(&mut node, ops, &[0, 1, 2, 3]));
+    report(
+        &format!("{live} live claims, no containers, all kinds"),
+        measure(&mut node, ops, &[0, 1, 2, 3]),
+    );
     // One container per live claim, plus 50 with no claim: every container
     // whose cpuset follows the shared CPU pool gets an update when a claim
     // takes or gives back accelerator-local CPUs (the exclusive kind here).
@@ -172,7 +175,9 @@ fn main() {
         measure(&mut node, ops, &[1, 2, 3]),
     );
     report(
-        &format!("{live} live claims, 1,050 containers, exclusive + 1 local CPU (1,036 updates each way)"),
+        &format!(
+            "{live} live claims, 1,050 containers, exclusive + 1 local CPU (1,036 updates each way)"
+        ),
         measure(&mut node, ops / 10, &[0]),
     );
 }
