@@ -87,6 +87,10 @@ enum Op {
     Removed {
         container: u8,
     },
+    Adopt {
+        uid: u8,
+        device: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -95,11 +99,12 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(uid, picks)| Op::Named { uid, picks }),
         3 => (0u8..10, prop::collection::vec((1u32..=3, 0u8..4, 0u8..6, prop::bool::weighted(0.1)), 1..=2))
             .prop_map(|(uid, reqs)| Op::Count { uid, reqs }),
-        3 => (0u8..10).prop_map(|uid| Op::Release { uid }),
+        3 => (0u8..13).prop_map(|uid| Op::Release { uid }),
         1 => Just(Op::Restore),
         1 => (0u8..4, prop::collection::vec(0u8..10, 0..=2))
             .prop_map(|(container, claims)| Op::Started { container, claims }),
         1 => (0u8..4).prop_map(|container| Op::Removed { container }),
+        1 => (0u8..3, 0usize..16).prop_map(|(uid, device)| Op::Adopt { uid, device }),
     ]
 }
 
@@ -227,6 +232,11 @@ fn check(w: &World, n: &Node, model: &BTreeMap<String, CpuSet>) -> Result<(), Te
                 vendors.push(&d.vendor);
             }
         }
+        if a.name == "adopted" {
+            // Adoption records what runs: no exclusive CPUs, no vendor check.
+            prop_assert!(a.cpus.is_empty());
+            continue;
+        }
         prop_assert_eq!(a.cpus.len(), want);
         prop_assert!(a.cpus.is_subset(&local));
         prop_assert!(vendors.len() <= 1, "claim {} mixes vendors", a.claim_uid);
@@ -328,7 +338,12 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Release { uid: u } => {
-                let id = uid(u);
+                // 10..13 release adopted claims.
+                let id = if u < 10 {
+                    uid(u)
+                } else {
+                    format!("adopted-{}", u - 10)
+                };
                 let held = n.allocation(&id).cloned();
                 let before = n.snapshot();
                 let updates = n.release(&id);
@@ -404,6 +419,32 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 model.insert(id.clone(), cpus);
                 containers.insert(id, claims);
+            }
+            Op::Adopt { uid, device } => {
+                let id = format!("adopted-{uid}");
+                let dev = w.devices[device % w.devices.len()].id.clone();
+                let before = n.snapshot();
+                let held = n.allocation(&id).cloned();
+                match n.adopt(&id, &dev) {
+                    Ok(out) => {
+                        apply(&mut model, &out.updates);
+                        prop_assert!(out.allocation.results.iter().any(|g| g.device_id == dev));
+                        if out.already {
+                            prop_assert_eq!(n.snapshot(), before);
+                        } else {
+                            let had = held.map_or(0, |h| h.results.len());
+                            prop_assert_eq!(out.allocation.results.len(), had + 1);
+                        }
+                    }
+                    Err(refusal) => {
+                        prop_assert_eq!(
+                            n.snapshot(),
+                            before,
+                            "refusal changed the node: {}",
+                            refusal
+                        );
+                    }
+                }
             }
             Op::Removed { container } => {
                 let id = format!("ctr{container}");
