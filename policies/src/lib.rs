@@ -21,6 +21,7 @@ mod policy;
 mod pool;
 mod refusal;
 mod registry;
+mod restore;
 mod shared;
 mod sliced;
 mod snapshot;
