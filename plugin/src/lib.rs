@@ -1,5 +1,7 @@
 //! nri-accel library: the parts the binary wires together.
+pub mod claims_api;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
 pub mod engine;
+pub mod gate;

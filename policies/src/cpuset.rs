@@ -1,6 +1,5 @@
 //! Sets of CPU (or NUMA memory node) ids in the kernel's list format.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 
@@ -12,8 +11,16 @@ pub const MAX_CPU_ID: u32 = 16_383;
 
 /// A set of CPU ids (also used for NUMA memory nodes), written and read in the
 /// kernel's list format (`0-3,8,10-11`) as found in `local_cpulist` and cpusets.
-#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CpuSet(BTreeSet<u32>);
+///
+/// Stored as a bitmap (ids up to [`MAX_CPU_ID`]; larger ids are never
+/// members), so unions and intersections on the allocation path cost a few
+/// word operations instead of tree allocations.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct CpuSet {
+    /// Bit `i % 64` of word `i / 64` is CPU `i`; no trailing zero words, so
+    /// equal sets have equal representations.
+    words: Vec<u64>,
+}
 
 /// A CPU list that could not be parsed; names the offending text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,65 +38,149 @@ impl CpuSet {
         Self::default()
     }
 
+    fn trimmed(mut words: Vec<u64>) -> Self {
+        while words.last() == Some(&0) {
+            words.pop();
+        }
+        CpuSet { words }
+    }
+
     /// Whether the set holds no id.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.words.is_empty()
     }
 
     /// Number of ids in the set.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// Whether `cpu` is in the set.
     pub fn contains(&self, cpu: u32) -> bool {
-        self.0.contains(&cpu)
+        self.words
+            .get((cpu / 64) as usize)
+            .is_some_and(|w| w & (1 << (cpu % 64)) != 0)
     }
 
-    /// Adds one id; returns whether it was new.
+    /// Adds one id; returns whether it was new. Ids above [`MAX_CPU_ID`] are
+    /// refused (`false`), the same bound the parser applies.
     pub fn insert(&mut self, cpu: u32) -> bool {
-        self.0.insert(cpu)
+        if cpu > MAX_CPU_ID {
+            return false;
+        }
+        let i = (cpu / 64) as usize;
+        if self.words.len() <= i {
+            self.words.resize(i + 1, 0);
+        }
+        let bit = 1 << (cpu % 64);
+        let new = self.words[i] & bit == 0;
+        self.words[i] |= bit;
+        new
     }
 
     /// Removes one id; returns whether it was present.
     pub fn remove(&mut self, cpu: u32) -> bool {
-        self.0.remove(&cpu)
+        let i = (cpu / 64) as usize;
+        let Some(w) = self.words.get_mut(i) else {
+            return false;
+        };
+        let bit = 1 << (cpu % 64);
+        let was = *w & bit != 0;
+        *w &= !bit;
+        if was {
+            while self.words.last() == Some(&0) {
+                self.words.pop();
+            }
+        }
+        was
     }
 
     /// The ids in ascending order.
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.0.iter().copied()
+        self.words.iter().enumerate().flat_map(|(i, &w)| {
+            let mut w = w;
+            std::iter::from_fn(move || {
+                if w == 0 {
+                    return None;
+                }
+                let bit = w.trailing_zeros();
+                w &= w - 1;
+                Some(i as u32 * 64 + bit)
+            })
+        })
     }
 
     /// Ids in either set.
     pub fn union(&self, other: &CpuSet) -> CpuSet {
-        CpuSet(self.0.union(&other.0).copied().collect())
+        let (long, short) = if self.words.len() >= other.words.len() {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        let mut words = long.words.clone();
+        for (w, o) in words.iter_mut().zip(&short.words) {
+            *w |= o;
+        }
+        CpuSet { words }
     }
 
     /// Ids in both sets.
     pub fn intersection(&self, other: &CpuSet) -> CpuSet {
-        CpuSet(self.0.intersection(&other.0).copied().collect())
+        Self::trimmed(
+            self.words
+                .iter()
+                .zip(&other.words)
+                .map(|(a, b)| a & b)
+                .collect(),
+        )
     }
 
     /// Ids in `self` but not in `other`.
     pub fn difference(&self, other: &CpuSet) -> CpuSet {
-        CpuSet(self.0.difference(&other.0).copied().collect())
+        Self::trimmed(
+            self.words
+                .iter()
+                .enumerate()
+                .map(|(i, a)| a & !other.words.get(i).copied().unwrap_or(0))
+                .collect(),
+        )
     }
 
     /// Whether the two sets share no id.
     pub fn is_disjoint(&self, other: &CpuSet) -> bool {
-        self.0.is_disjoint(&other.0)
+        self.words.iter().zip(&other.words).all(|(a, b)| a & b == 0)
     }
 
     /// Whether every id of `self` is in `other`.
     pub fn is_subset(&self, other: &CpuSet) -> bool {
-        self.0.is_subset(&other.0)
+        self.words
+            .iter()
+            .enumerate()
+            .all(|(i, a)| a & !other.words.get(i).copied().unwrap_or(0) == 0)
+    }
+}
+
+impl PartialOrd for CpuSet {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for CpuSet {
+    /// Lexicographic over the ascending ids, as an ordered set of ids compares.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.iter().cmp(other.iter())
     }
 }
 
 impl FromIterator<u32> for CpuSet {
+    /// Collects ids; ids above [`MAX_CPU_ID`] are left out.
     fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
-        CpuSet(iter.into_iter().collect())
+        let mut set = CpuSet::new();
+        for cpu in iter {
+            set.insert(cpu);
+        }
+        set
     }
 }
 
@@ -103,10 +194,10 @@ impl FromStr for CpuSet {
             text: text.chars().take(64).collect(),
             reason,
         };
-        let mut set = BTreeSet::new();
+        let mut set = CpuSet::new();
         let trimmed = text.trim();
         if trimmed.is_empty() {
-            return Ok(CpuSet(set));
+            return Ok(set);
         }
         for part in trimmed.split(',') {
             let part = part.trim();
@@ -122,9 +213,11 @@ impl FromStr for CpuSet {
             if hi > MAX_CPU_ID {
                 return Err(err("CPU id too large"));
             }
-            set.extend(lo..=hi);
+            for cpu in lo..=hi {
+                set.insert(cpu);
+            }
         }
-        Ok(CpuSet(set))
+        Ok(set)
     }
 }
 
@@ -132,7 +225,7 @@ impl fmt::Display for CpuSet {
     /// Writes the kernel list format with ranges collapsed (`0-3,8`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut first = true;
-        let mut iter = self.0.iter().copied().peekable();
+        let mut iter = self.iter().peekable();
         while let Some(start) = iter.next() {
             let mut end = start;
             while iter.peek() == Some(&(end + 1)) {
@@ -190,5 +283,32 @@ mod tests {
         assert!("a".parse::<CpuSet>().is_err());
         assert!("0-4294967295".parse::<CpuSet>().is_err());
         assert!("1,,2".parse::<CpuSet>().is_err());
+    }
+
+    #[test]
+    fn set_operations_match_an_ordered_set() {
+        let a: CpuSet = "0-3,63-65,200".parse().unwrap();
+        let b: CpuSet = "2-70".parse().unwrap();
+        assert_eq!(a.union(&b).to_string(), "0-70,200");
+        assert_eq!(a.intersection(&b).to_string(), "2-3,63-65");
+        assert_eq!(a.difference(&b).to_string(), "0-1,200");
+        assert_eq!(b.difference(&a).to_string(), "4-62,66-70");
+        assert!(!a.is_disjoint(&b));
+        assert!(a.intersection(&b).is_subset(&a));
+        assert!(!a.is_subset(&b));
+        let mut c = a.clone();
+        assert!(c.remove(200));
+        assert!(!c.remove(200));
+        assert_eq!(c, "0-3,63-65".parse().unwrap());
+        assert_eq!(c.len(), 7);
+        assert!(!c.insert(MAX_CPU_ID + 1));
+        assert!(c.insert(MAX_CPU_ID));
+        assert!(c.contains(MAX_CPU_ID));
+        // Ordering is lexicographic over the ids, like an ordered set.
+        let small: CpuSet = "1".parse().unwrap();
+        let pair: CpuSet = "0,5".parse().unwrap();
+        assert!(pair < small);
+        assert!(CpuSet::new() < pair);
+        assert!(CpuSet::new().is_subset(&pair) && CpuSet::new().is_disjoint(&pair));
     }
 }

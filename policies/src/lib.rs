@@ -5,11 +5,43 @@
 //! no clocks. Given the same inventory, records and request, a policy answers
 //! the same, which is what makes it testable by properties and replayable
 //! after a crash.
+//!
+//! The claim engine talks to [`Node`]; a policy author implements [`Policy`]
+//! and registers a factory in the [`Registry`] (see `docs/policy-guide.md`).
 
+mod claim;
+mod containers;
 mod cpuset;
 mod device;
+mod edits;
+mod exclusive;
+pub mod naming;
+mod node;
+mod policy;
 mod pool;
+mod refusal;
+mod registry;
+mod restore;
+mod shared;
+mod sliced;
+mod snapshot;
+mod units;
 
+pub use claim::{
+    Allocation, Ask, ClaimRequest, ClaimUid, CountRequest, Grant, NamedResult, Outcome, Unit,
+};
 pub use cpuset::{CpuSet, CpuSetParseError, MAX_CPU_ID};
 pub use device::{Device, DeviceNode, Inventory, NodeKind};
-pub use pool::{DeviceSelector, FamilyConfig, PoolConfig, ProfileConfig};
+pub use edits::{Adjustment, ContainerEdits, ContainerUpdate, Hook, Mount};
+pub use exclusive::exclusive;
+pub use node::Node;
+pub use policy::{
+    DeviceSnapshot, HeldUnit, Near, Policy, PoolRequest, PoolSnapshot, PublishedDevice,
+    PublishedKind,
+};
+pub use pool::{DeviceSelector, FamilyConfig, FamilyKind, PoolConfig, ProfileConfig};
+pub use refusal::{PolicyError, Refusal, RefusalReason};
+pub use registry::{PolicyFactory, Registry};
+pub use shared::{MAX_REPLICAS, shared};
+pub use sliced::{MAX_SLOTS, sliced};
+pub use snapshot::Snapshot;

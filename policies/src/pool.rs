@@ -106,3 +106,48 @@ pub struct ProfileConfig {
     /// Allowed start slots; a slice covers `start .. start + size`.
     pub starts: Vec<u32>,
 }
+
+/// The family a request asks for, or a pool is of: the three built-ins or a
+/// policy registered by an author under its name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FamilyKind {
+    /// A whole device per result.
+    Exclusive,
+    /// Time-sliced replicas of a device.
+    Shared,
+    /// Non-overlapping slices cut by profile.
+    Sliced,
+    /// A registered author policy, by name.
+    Custom(String),
+}
+
+impl FamilyKind {
+    /// The name the family is registered under in the [`crate::Registry`].
+    pub fn name(&self) -> &str {
+        match self {
+            FamilyKind::Exclusive => "exclusive",
+            FamilyKind::Shared => "shared",
+            FamilyKind::Sliced => "sliced",
+            FamilyKind::Custom(name) => name,
+        }
+    }
+}
+
+impl std::fmt::Display for FamilyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FamilyConfig {
+    /// The family this config selects.
+    pub fn kind(&self) -> FamilyKind {
+        match self {
+            FamilyConfig::Exclusive => FamilyKind::Exclusive,
+            FamilyConfig::Shared { .. } => FamilyKind::Shared,
+            FamilyConfig::Sliced { .. } => FamilyKind::Sliced,
+            FamilyConfig::Custom { policy, .. } => FamilyKind::Custom(policy.clone()),
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The ttrpc side of the claims API: the gate, the limits and the UID checks in front of the
+//! engine's [`ClaimService`], and the conversion of its answers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ttrpc::r#async::{MethodHandler, Service, TtrpcContext};
+
+use super::convert;
+use super::error::ClaimsApiError;
+use super::proto::{claims as pb, claims_ttrpc};
+use super::types::{ClaimService, PrepareResults, UnprepareResults};
+use super::validate::{Limits, check_uid};
+use crate::gate::Gate;
+
+/// The generated service trait implemented over a [`ClaimService`].
+pub(crate) struct ClaimsHandler<S> {
+    engine: Arc<S>,
+    gate: Gate,
+    limits: Limits,
+}
+
+impl<S: ClaimService> ClaimsHandler<S> {
+    pub(crate) fn new(engine: Arc<S>, gate: Gate, limits: Limits) -> Self {
+        Self {
+            engine,
+            gate,
+            limits,
+        }
+    }
+
+    /// Refuses the whole request while the gate is closed, and over-long claim lists.
+    fn admit(&self, method: &str, claims: usize) -> Result<(), ClaimsApiError> {
+        if !self.gate.is_open() {
+            tracing::info!(method, claims, "claims API request refused: gate closed");
+            return Err(ClaimsApiError::GateClosed);
+        }
+        if claims > self.limits.max_claims {
+            return Err(ClaimsApiError::TooManyClaims {
+                count: claims,
+                max: self.limits.max_claims,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Counts each UID in a request, so a UID sent twice is refused rather than answered ambiguously.
+fn uid_counts<'a>(uids: impl Iterator<Item = &'a str>) -> HashMap<&'a str, usize> {
+    let mut counts = HashMap::new();
+    for uid in uids {
+        *counts.entry(uid).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Checks a UID and its uniqueness in the request: the per-claim error, if any.
+fn screen_uid(uid: &str, counts: &HashMap<&str, usize>) -> Result<(), String> {
+    check_uid(uid)?;
+    match counts.get(uid).copied().unwrap_or(0) {
+        0 | 1 => Ok(()),
+        n => Err(format!(
+            "claim {uid} appears {n} times in one request; send each claim once"
+        )),
+    }
+}
+
+fn missing_answer(uid: &str) -> String {
+    format!("nri-accel's claim engine gave no answer for claim {uid}; retry")
+}
+
+/// Runs an engine call in its own task, so a panic in the engine becomes an error status.
+async fn run_engine<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, ClaimsApiError> {
+    tokio::spawn(fut)
+        .await
+        .map_err(|e| ClaimsApiError::Engine(e.to_string()))
+}
+
+#[async_trait]
+impl<S: ClaimService> claims_ttrpc::Claims for ClaimsHandler<S> {
+    async fn prepare(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::PrepareRequest,
+    ) -> ttrpc::Result<pb::PrepareResponse> {
+        self.admit("Prepare", req.claims.len())?;
+        let counts = uid_counts(req.claims.iter().map(|c| c.uid.as_str()));
+        let screened: Vec<Result<(), String>> = req
+            .claims
+            .iter()
+            .map(|c| screen_uid(&c.uid, &counts))
+            .collect();
+        drop(counts);
+        let mut answers = PrepareResults::new();
+        let mut specs = Vec::new();
+        for (claim, screen) in req.claims.into_iter().zip(screened) {
+            let uid = claim.uid.clone();
+            match screen.and_then(|()| convert::claim_from_proto(claim, &self.limits)) {
+                Ok(spec) => specs.push(spec),
+                Err(e) => {
+                    answers.insert(uid, Err(e));
+                }
+            }
+        }
+        if !specs.is_empty() {
+            let asked: Vec<String> = specs.iter().map(|s| s.uid.clone()).collect();
+            tracing::info!(claims = asked.len(), "claims API Prepare");
+            let engine = Arc::clone(&self.engine);
+            let mut results = run_engine(async move { engine.prepare(specs).await }).await?;
+            for uid in asked {
+                let answer = results
+                    .remove(&uid)
+                    .unwrap_or_else(|| Err(missing_answer(&uid)));
+                answers.insert(uid, answer);
+            }
+            if !results.is_empty() {
+                tracing::warn!(
+                    extra = ?results.keys().collect::<Vec<_>>(),
+                    "claim engine answered claims nobody asked for; dropped"
+                );
+            }
+        }
+        Ok(convert::prepare_results_to_proto(answers))
+    }
+
+    async fn unprepare(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::UnprepareRequest,
+    ) -> ttrpc::Result<pb::UnprepareResponse> {
+        self.admit("Unprepare", req.claims.len())?;
+        let counts = uid_counts(req.claims.iter().map(|c| c.uid.as_str()));
+        let screened: Vec<Result<(), String>> = req
+            .claims
+            .iter()
+            .map(|c| screen_uid(&c.uid, &counts))
+            .collect();
+        drop(counts);
+        let mut answers = UnprepareResults::new();
+        let mut refs = Vec::new();
+        for (claim, screen) in req.claims.into_iter().zip(screened) {
+            let uid = claim.uid.clone();
+            match screen.and_then(|()| convert::ref_from_proto(claim)) {
+                Ok(r) => refs.push(r),
+                Err(e) => {
+                    answers.insert(uid, Err(e));
+                }
+            }
+        }
+        if !refs.is_empty() {
+            let asked: Vec<String> = refs.iter().map(|r| r.uid.clone()).collect();
+            tracing::info!(claims = asked.len(), "claims API Unprepare");
+            let engine = Arc::clone(&self.engine);
+            let mut results = run_engine(async move { engine.unprepare(refs).await }).await?;
+            for uid in asked {
+                let answer = results
+                    .remove(&uid)
+                    .unwrap_or_else(|| Err(missing_answer(&uid)));
+                answers.insert(uid, answer);
+            }
+        }
+        Ok(convert::unprepare_results_to_proto(answers))
+    }
+
+    async fn list(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: pb::ListRequest,
+    ) -> ttrpc::Result<pb::ListResponse> {
+        let engine = Arc::clone(&self.engine);
+        let claims = run_engine(async move { engine.list().await }).await?;
+        Ok(pb::ListResponse {
+            claims: claims
+                .into_iter()
+                .map(convert::claim_info_to_proto)
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    async fn status(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: pb::StatusRequest,
+    ) -> ttrpc::Result<pb::StatusResponse> {
+        let engine = Arc::clone(&self.engine);
+        let mut doc = run_engine(async move { engine.status().await }).await?;
+        let gate_open = self.gate.is_open();
+        if let serde_json::Value::Object(map) = &mut doc {
+            map.insert("gate".to_string(), serde_json::json!({ "open": gate_open }));
+        }
+        Ok(pb::StatusResponse {
+            json: doc.to_string(),
+            gate_open,
+            ..Default::default()
+        })
+    }
+}
+
+/// Wraps a generated method handler: refuses payloads over the limit before they are decoded, and
+/// answers undecodable payloads with INVALID_ARGUMENT.
+struct SizeLimited {
+    method: String,
+    max: usize,
+    inner: Box<dyn MethodHandler + Send + Sync>,
+}
+
+#[async_trait]
+impl MethodHandler for SizeLimited {
+    async fn handler(
+        &self,
+        ctx: TtrpcContext,
+        req: ttrpc::Request,
+    ) -> ttrpc::Result<ttrpc::Response> {
+        if req.payload.len() > self.max {
+            let e = ClaimsApiError::RequestTooLarge {
+                method: self.method.clone(),
+                size: req.payload.len(),
+                max: self.max,
+            };
+            tracing::warn!("{e}");
+            let mut resp = ttrpc::Response::new();
+            resp.set_status(e.to_status());
+            return Ok(resp);
+        }
+        // Generated handlers turn the service's errors into statuses themselves; an `Err` here
+        // means the payload did not decode (or the answer did not encode). Map it here, not to
+        // ttrpc's catch-all UNKNOWN.
+        match self.inner.handler(ctx, req).await {
+            Ok(resp) => Ok(resp),
+            Err(e) => {
+                let e = ClaimsApiError::Undecodable {
+                    method: self.method.clone(),
+                    reason: e.to_string(),
+                };
+                tracing::warn!("{e}");
+                let mut resp = ttrpc::Response::new();
+                resp.set_status(e.to_status());
+                Ok(resp)
+            }
+        }
+    }
+}
+
+/// The ttrpc service table for `engine`, with every method behind the message size limit.
+pub(crate) fn services<S: ClaimService>(
+    engine: Arc<S>,
+    gate: Gate,
+    limits: Limits,
+) -> HashMap<String, Service> {
+    let max = limits.effective_max_message_bytes();
+    let handler = Arc::new(ClaimsHandler::new(engine, gate, limits));
+    let mut table = claims_ttrpc::create_claims(handler);
+    for service in table.values_mut() {
+        let methods = std::mem::take(&mut service.methods);
+        service.methods = methods
+            .into_iter()
+            .map(|(method, inner)| {
+                let wrapped: Box<dyn MethodHandler + Send + Sync> = Box::new(SizeLimited {
+                    method: method.clone(),
+                    max,
+                    inner,
+                });
+                (method, wrapped)
+            })
+            .collect();
+    }
+    table
+}

@@ -1,0 +1,68 @@
+//! What a grant puts into a container: CDI edits, NRI adjustments and updates.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{CpuSet, DeviceNode};
+
+/// The container edits one result grants (the content of one CDI device entry).
+///
+/// Device nodes are the device's own nodes plus its vendor's control nodes;
+/// env carries share and slice limits. Visibility variables such as
+/// `NVIDIA_VISIBLE_DEVICES` are not set: the device nodes are injected directly.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerEdits {
+    /// Environment variables, in a stable order.
+    pub env: Vec<(String, String)>,
+    /// Device nodes to create.
+    pub device_nodes: Vec<DeviceNode>,
+    /// Bind mounts.
+    pub mounts: Vec<Mount>,
+    /// OCI hooks.
+    pub hooks: Vec<Hook>,
+}
+
+/// A bind mount into the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    /// Path on the host.
+    pub host_path: String,
+    /// Path in the container.
+    pub container_path: String,
+    /// Mount options (e.g. `ro`, `bind`).
+    pub options: Vec<String>,
+}
+
+/// An OCI hook to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hook {
+    /// OCI hook point (`createContainer`, ...).
+    pub hook_name: String,
+    /// Executable path.
+    pub path: String,
+    /// Arguments, including argv\[0\].
+    pub args: Vec<String>,
+    /// Environment of the hook.
+    pub env: Vec<String>,
+}
+
+/// The adjustment for a starting container: limit env and NUMA-aligned cpuset/mems.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adjustment {
+    /// Environment variables to add.
+    pub env: Vec<(String, String)>,
+    /// Cpuset to set, if any.
+    pub cpus: Option<CpuSet>,
+    /// Memory nodes to set, if any.
+    pub mems: Option<CpuSet>,
+}
+
+/// A new cpuset (and memory nodes) for a running container.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ContainerUpdate {
+    /// The container to update.
+    pub container_id: String,
+    /// Its new cpuset.
+    pub cpus: CpuSet,
+    /// Its new memory nodes; empty when the node's NUMA layout is unknown (leave as is).
+    pub mems: CpuSet,
+}

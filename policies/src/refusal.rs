@@ -1,0 +1,223 @@
+//! Refusals (a claim the node will not allocate) and policy errors (a config or
+//! record the node cannot accept).
+
+use std::fmt;
+
+use crate::ClaimUid;
+
+/// Why a claim was refused. Every refusal leaves the node unchanged.
+///
+/// `Display` is one sentence naming the claim, the device (when there is one)
+/// and the reason; `docs/refusals.md` lists every sentence and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The refused claim.
+    pub claim: ClaimUid,
+    /// The device concerned, when there is one (device id or published name).
+    pub device: Option<String>,
+    /// Why.
+    pub reason: RefusalReason,
+}
+
+/// The reason of a [`Refusal`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// The named device is not published (or not in the inventory).
+    UnknownDevice,
+    /// The device (or the unit asked) is held by another claim.
+    HeldByOther {
+        /// The claim holding it.
+        holder: ClaimUid,
+    },
+    /// The claim would hold devices of more than one vendor.
+    MixedVendors {
+        /// The vendors involved, sorted.
+        vendors: Vec<String>,
+    },
+    /// The request asks more units than the pool's devices have.
+    TooManyUnits {
+        /// The pool asked.
+        pool: String,
+        /// Units asked.
+        asked: u32,
+        /// Most units the pool could ever give for this request.
+        most: u32,
+    },
+    /// The profile is not defined in the pool.
+    UnknownProfile {
+        /// The profile asked.
+        profile: String,
+        /// The pool asked.
+        pool: String,
+    },
+    /// The pool is of another family than the request asks.
+    WrongFamily {
+        /// The pool.
+        pool: String,
+        /// The pool's family.
+        family: String,
+        /// What the request asked for.
+        asked: String,
+    },
+    /// No allowed start position of the profile is free on any candidate device.
+    NoPlacement {
+        /// The profile asked.
+        profile: String,
+    },
+    /// The count request cannot be met with what is free now.
+    NoCapacity {
+        /// The request name.
+        request: String,
+    },
+    /// The named pool does not exist.
+    NoPool {
+        /// The pool named.
+        pool: String,
+    },
+    /// No pool has devices matching the request's selector and family.
+    NoMatchingPool {
+        /// The request name.
+        request: String,
+    },
+    /// Not enough accelerator-local CPUs are left in the shared CPU pool.
+    NotEnoughCpus {
+        /// CPUs needed.
+        asked: u32,
+        /// Local CPUs still free (one CPU always stays in the shared pool).
+        free: u32,
+    },
+    /// The request itself is malformed.
+    InvalidRequest {
+        /// What is wrong.
+        why: String,
+    },
+}
+
+impl Refusal {
+    /// A refusal of `claim` about `device` (if any).
+    pub fn new(claim: &str, device: Option<&str>, reason: RefusalReason) -> Self {
+        Refusal {
+            claim: claim.to_string(),
+            device: device.map(str::to_string),
+            reason,
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.claim;
+        let d = self.device.as_deref().unwrap_or("-");
+        match &self.reason {
+            RefusalReason::UnknownDevice => {
+                write!(f, "claim {c} refused: device {d} is not known on this node")
+            }
+            RefusalReason::HeldByOther { holder } => write!(
+                f,
+                "claim {c} refused: device {d} is held by claim {holder} until that claim is unprepared"
+            ),
+            RefusalReason::MixedVendors { vendors } => write!(
+                f,
+                "claim {c} refused: device {d} would mix vendors {} in one claim",
+                vendors.join(" and ")
+            ),
+            RefusalReason::TooManyUnits { pool, asked, most } => write!(
+                f,
+                "claim {c} refused: it asks {asked} units of pool {pool} but the pool's devices have at most {most}"
+            ),
+            RefusalReason::UnknownProfile { profile, pool } => write!(
+                f,
+                "claim {c} refused: profile {profile} is not defined in pool {pool}"
+            ),
+            RefusalReason::WrongFamily {
+                pool,
+                family,
+                asked,
+            } => write!(
+                f,
+                "claim {c} refused: pool {pool} is of family {family} but the request asks for {asked}"
+            ),
+            RefusalReason::NoPlacement { profile } => match &self.device {
+                Some(d) => write!(
+                    f,
+                    "claim {c} refused: no placement is left for a slice of profile {profile} on device {d}"
+                ),
+                None => write!(
+                    f,
+                    "claim {c} refused: no placement is left for a slice of profile {profile} on any device"
+                ),
+            },
+            RefusalReason::NoCapacity { request } => write!(
+                f,
+                "claim {c} refused: request {request} cannot be met by the devices free now"
+            ),
+            RefusalReason::NoPool { pool } => {
+                write!(f, "claim {c} refused: there is no pool named {pool}")
+            }
+            RefusalReason::NoMatchingPool { request } => write!(
+                f,
+                "claim {c} refused: no pool has devices matching request {request}"
+            ),
+            RefusalReason::NotEnoughCpus { asked, free } => write!(
+                f,
+                "claim {c} refused: device {d} needs {asked} accelerator-local CPUs but only {free} are free"
+            ),
+            RefusalReason::InvalidRequest { why } => {
+                write!(f, "claim {c} refused: the request is invalid: {why}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// A pool config, registry lookup or record the node cannot accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The pool names a family or policy nobody registered.
+    #[error(
+        "pool {pool}: no policy is registered under the name {policy}; register it or fix the pool's family"
+    )]
+    UnknownPolicy {
+        /// The pool.
+        pool: String,
+        /// The policy name asked.
+        policy: String,
+    },
+    /// The pool's parameters are invalid.
+    #[error("pool {pool}: {why}")]
+    InvalidPool {
+        /// The pool.
+        pool: String,
+        /// What is wrong and how to fix it.
+        why: String,
+    },
+    /// Two pools share a name.
+    #[error("pool {pool} is defined twice; pool names must be unique")]
+    DuplicatePool {
+        /// The pool.
+        pool: String,
+    },
+    /// Two devices share an id.
+    #[error("device {device} appears twice in the inventory; device ids must be unique")]
+    DuplicateDevice {
+        /// The device id.
+        device: String,
+    },
+    /// Two units would be published under the same name.
+    #[error("published device name {name} is produced twice; rename a pool or profile")]
+    DuplicatePublished {
+        /// The colliding name.
+        name: String,
+    },
+    /// A record cannot be restored.
+    #[error("record of claim {claim} cannot be restored: device {device}: {why}")]
+    Restore {
+        /// The claim of the record.
+        claim: ClaimUid,
+        /// The device (or pool) the record names.
+        device: String,
+        /// Why.
+        why: String,
+    },
+}

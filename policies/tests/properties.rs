@@ -1,0 +1,469 @@
+//! Properties over random inventories and random sequences of allocate (named
+//! and count), release, restore and container start/removal. After every step:
+//! no unit is over-committed, slices never overlap, no CPU is given
+//! exclusively twice and the shared pool is exactly what is left, updates keep
+//! every container's cpuset current, release gives back exactly what allocate
+//! took, allocate is idempotent, and restoring a fresh node from the
+//! allocations reproduces the same snapshot.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use policies::{
+    Allocation, Ask, ClaimRequest, CountRequest, CpuSet, Device, FamilyConfig, FamilyKind,
+    Inventory, NamedResult, Node, PoolConfig, Registry, Snapshot, Unit,
+};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct World {
+    devices: Vec<Device>,
+    cpus: CpuSet,
+    pools: Vec<PoolConfig>,
+}
+
+fn world() -> impl Strategy<Value = World> {
+    (
+        1usize..=16,
+        1u32..=2,
+        prop::collection::vec((0usize..4, 0u32..2, prop::bool::weighted(0.15)), 16),
+        1u32..=4,
+        prop::collection::vec(0u32..=2, 3),
+    )
+        .prop_map(|(n, numas, per_dev, replicas, cpd)| {
+            let mut devices = Vec::new();
+            let mut members: Vec<Vec<String>> = vec![Vec::new(); 3];
+            for (i, (pool, numa, amd)) in per_dev.into_iter().take(n).enumerate() {
+                let numa = numa % numas;
+                let local = format!("{}-{}", numa * 4, numa * 4 + 3);
+                let vendor = if amd { "amd" } else { "nvidia" };
+                let id = format!("d{i:02}");
+                devices.push(gpu(&id, vendor, numa, &local, 0x10 + i as u8 / 3, i as u32));
+                if pool < 3 {
+                    members[pool].push(id);
+                }
+            }
+            let families = [FamilyConfig::Exclusive, shared(replicas, 1024, 20), mig()];
+            let names = ["ex", "sh", "sl"];
+            let pools = (0..3)
+                .map(|p| {
+                    let ids: Vec<&str> = members[p].iter().map(String::as_str).collect();
+                    let mut pc = pool(names[p], &ids, families[p].clone(), cpd[p]);
+                    // A pool with no ids would match every device: give it an impossible one.
+                    if ids.is_empty() {
+                        pc.select.ids = vec!["none".to_string()];
+                    }
+                    pc
+                })
+                .collect();
+            World {
+                devices,
+                cpus: cpus(&format!("0-{}", numas * 4 - 1)),
+                pools,
+            }
+        })
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Named {
+        uid: u8,
+        picks: Vec<usize>,
+    },
+    Count {
+        uid: u8,
+        reqs: Vec<(u32, u8, u8, bool)>,
+    },
+    Release {
+        uid: u8,
+    },
+    Restore,
+    Started {
+        container: u8,
+        claims: Vec<u8>,
+    },
+    Removed {
+        container: u8,
+    },
+    Adopt {
+        uid: u8,
+        device: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0u8..10, prop::collection::vec(0usize..1000, 1..=3))
+            .prop_map(|(uid, picks)| Op::Named { uid, picks }),
+        3 => (0u8..10, prop::collection::vec((1u32..=3, 0u8..4, 0u8..6, prop::bool::weighted(0.1)), 1..=2))
+            .prop_map(|(uid, reqs)| Op::Count { uid, reqs }),
+        3 => (0u8..13).prop_map(|uid| Op::Release { uid }),
+        1 => Just(Op::Restore),
+        1 => (0u8..4, prop::collection::vec(0u8..10, 0..=2))
+            .prop_map(|(container, claims)| Op::Started { container, claims }),
+        1 => (0u8..4).prop_map(|container| Op::Removed { container }),
+        1 => (0u8..3, 0usize..16).prop_map(|(uid, device)| Op::Adopt { uid, device }),
+    ]
+}
+
+fn uid(i: u8) -> String {
+    format!("claim{i}")
+}
+
+fn build(w: &World) -> Node {
+    Node::new(
+        Inventory {
+            devices: w.devices.clone(),
+            cpus: w.cpus.clone(),
+        },
+        &w.pools,
+        &Registry::with_builtins(),
+    )
+    .unwrap()
+}
+
+/// A count request: mostly consistent with one family, sometimes not.
+fn count_request(i: usize, (count, kind, pick, odd): (u32, u8, u8, bool)) -> CountRequest {
+    let profiles = ["1g.10gb", "2g.20gb", "4g.40gb", "7g.80gb", "9g.90gb"];
+    let mut r = CountRequest {
+        request: format!("r{i}"),
+        count,
+        ..CountRequest::default()
+    };
+    match kind {
+        1 => r.family = Some(FamilyKind::Exclusive),
+        2 => {
+            r.family = Some(FamilyKind::Shared);
+            r.shares = (pick % 3 > 0).then_some(u32::from(pick % 3));
+        }
+        3 => {
+            r.family = Some(FamilyKind::Sliced);
+            r.profile = Some(profiles[pick as usize % 4].to_string());
+        }
+        _ => {}
+    }
+    if odd {
+        // Something the pool may not offer: a foreign profile, shares, or an unknown profile.
+        match pick % 3 {
+            0 => r.profile = Some(profiles[pick as usize % 5].to_string()),
+            1 => r.shares = Some(u32::from(pick)),
+            _ => r.family = Some(FamilyKind::Sliced),
+        }
+    }
+    r
+}
+
+/// Slot ranges a unit covers on a device of `total` units.
+fn range(unit: &Unit, total: u32) -> std::ops::Range<u32> {
+    match unit {
+        Unit::Whole => 0..total,
+        Unit::Share { index, count } => *index..index + count,
+        Unit::Slice { start, size, .. } => *start..start + size,
+    }
+}
+
+/// Per device, which claim holds each unit: from the snapshot, and rebuilt from the allocations.
+fn occupancy(snap: &Snapshot, allocs: &[Allocation]) -> Result<(), TestCaseError> {
+    let mut totals = BTreeMap::new();
+    let mut from_snapshot: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
+    for p in &snap.pools {
+        for d in &p.devices {
+            prop_assert!(d.units_used <= d.units_total, "{} over-committed", d.id);
+            totals.insert(d.id.clone(), d.units_total);
+            let mut slots = vec![None; d.units_total as usize];
+            for h in &d.held {
+                for s in range(&h.unit, d.units_total) {
+                    prop_assert!(slots[s as usize].is_none(), "{} unit {s} held twice", d.id);
+                    slots[s as usize] = Some(h.claim.clone());
+                }
+            }
+            prop_assert_eq!(slots.iter().flatten().count() as u32, d.units_used);
+            from_snapshot.insert(d.id.clone(), slots);
+        }
+    }
+    let mut from_records: BTreeMap<String, Vec<Option<String>>> = totals
+        .iter()
+        .map(|(id, t)| (id.clone(), vec![None; *t as usize]))
+        .collect();
+    for a in allocs {
+        for g in &a.results {
+            let slots = from_records
+                .get_mut(&g.device_id)
+                .expect("granted device is pooled");
+            let total = totals[&g.device_id];
+            for s in range(&g.unit, total) {
+                prop_assert!(
+                    slots[s as usize].is_none(),
+                    "{} unit {s} granted twice",
+                    g.device_id
+                );
+                slots[s as usize] = Some(a.claim_uid.clone());
+            }
+        }
+    }
+    prop_assert_eq!(from_snapshot, from_records);
+    Ok(())
+}
+
+fn check(w: &World, n: &Node, model: &BTreeMap<String, CpuSet>) -> Result<(), TestCaseError> {
+    let snap = n.snapshot();
+    let allocs: Vec<Allocation> = n.allocations().cloned().collect();
+    occupancy(&snap, &allocs)?;
+    // CPUs: exclusive sets disjoint, and the shared pool is exactly what is left.
+    let mut given = CpuSet::new();
+    for a in &allocs {
+        prop_assert!(
+            a.cpus.is_disjoint(&given),
+            "a CPU of {} is given twice",
+            a.claim_uid
+        );
+        given = given.union(&a.cpus);
+        let mut want = 0;
+        let mut local = CpuSet::new();
+        let mut vendors: Vec<&str> = Vec::new();
+        for g in &a.results {
+            let pool = w.pools.iter().find(|p| p.name == g.pool).unwrap();
+            want += pool.cpus_per_device as usize;
+            let d = w.devices.iter().find(|d| d.id == g.device_id).unwrap();
+            local = local.union(&d.local_cpus);
+            if !vendors.contains(&d.vendor.as_str()) {
+                vendors.push(&d.vendor);
+            }
+        }
+        if a.name == "adopted" {
+            // Adoption records what runs: no exclusive CPUs, no vendor check.
+            prop_assert!(a.cpus.is_empty());
+            continue;
+        }
+        prop_assert_eq!(a.cpus.len(), want);
+        prop_assert!(a.cpus.is_subset(&local));
+        prop_assert!(vendors.len() <= 1, "claim {} mixes vendors", a.claim_uid);
+    }
+    prop_assert_eq!(n.shared_cpus(), w.cpus.difference(&given));
+    prop_assert!(!n.shared_cpus().is_empty());
+    prop_assert_eq!(&snap.shared_cpus, &n.shared_cpus());
+    // Containers: the updates handed out kept every cpuset current.
+    let actual: BTreeMap<String, CpuSet> = n
+        .containers()
+        .map(|(id, _, c)| (id.to_string(), c.clone()))
+        .collect();
+    prop_assert_eq!(&actual, model);
+    for (id, claims, c) in n.containers() {
+        if claims.iter().all(|u| n.allocation(u).is_none()) {
+            prop_assert_eq!(c, &n.shared_cpus(), "container {} without claims", id);
+        }
+    }
+    Ok(())
+}
+
+fn apply(model: &mut BTreeMap<String, CpuSet>, updates: &[policies::ContainerUpdate]) {
+    for u in updates {
+        model.insert(u.container_id.clone(), u.cpus.clone());
+    }
+}
+
+fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut n = build(&w);
+    let mut model: BTreeMap<String, CpuSet> = BTreeMap::new();
+    let mut containers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let published = n.published();
+    for op in ops {
+        match op {
+            Op::Named { .. } | Op::Count { .. } => {
+                let req = match &op {
+                    Op::Named { uid: u, picks } => ClaimRequest {
+                        uid: uid(*u),
+                        namespace: "ns".into(),
+                        name: "n".into(),
+                        ask: Ask::Named(
+                            picks
+                                .iter()
+                                .enumerate()
+                                .filter(|_| !published.is_empty())
+                                .map(|(i, p)| {
+                                    let d = &published[p % published.len()];
+                                    NamedResult {
+                                        request: format!("r{i}"),
+                                        pool: d.pool.clone(),
+                                        device: d.name.clone(),
+                                    }
+                                })
+                                .collect(),
+                        ),
+                    },
+                    Op::Count { uid: u, reqs } => ClaimRequest {
+                        uid: uid(*u),
+                        namespace: "ns".into(),
+                        name: "n".into(),
+                        ask: Ask::Count(
+                            reqs.iter()
+                                .enumerate()
+                                .map(|(i, r)| count_request(i, *r))
+                                .collect(),
+                        ),
+                    },
+                    _ => unreachable!(),
+                };
+                let before = n.snapshot();
+                let held = n.allocation(&req.uid).cloned();
+                match n.allocate(&req) {
+                    Ok(out) => {
+                        prop_assert_eq!(out.already, held.is_some());
+                        if let Some(h) = held {
+                            prop_assert_eq!(&out.allocation, &h);
+                            prop_assert_eq!(n.snapshot(), before.clone());
+                        }
+                        apply(&mut model, &out.updates);
+                        // Idempotent: asking again changes nothing.
+                        let snap = n.snapshot();
+                        let again = n.allocate(&req).unwrap();
+                        prop_assert!(again.already);
+                        prop_assert_eq!(&again.allocation, &out.allocation);
+                        prop_assert!(again.updates.is_empty());
+                        prop_assert_eq!(n.snapshot(), snap);
+                    }
+                    Err(refusal) => {
+                        prop_assert_eq!(&refusal.claim, &req.uid);
+                        let prefix = format!("claim {} refused: ", req.uid);
+                        prop_assert!(refusal.to_string().starts_with(&prefix), "{}", refusal);
+                        prop_assert_eq!(
+                            n.snapshot(),
+                            before,
+                            "refusal changed the node: {}",
+                            refusal
+                        );
+                    }
+                }
+            }
+            Op::Release { uid: u } => {
+                // 10..13 release adopted claims.
+                let id = if u < 10 {
+                    uid(u)
+                } else {
+                    format!("adopted-{}", u - 10)
+                };
+                let held = n.allocation(&id).cloned();
+                let before = n.snapshot();
+                let updates = n.release(&id);
+                apply(&mut model, &updates);
+                let after = n.snapshot();
+                match held {
+                    None => prop_assert_eq!(after, before),
+                    Some(a) => {
+                        // Exactly the claim's units and CPUs came back.
+                        let used = |s: &Snapshot| -> BTreeMap<String, u32> {
+                            s.pools
+                                .iter()
+                                .flat_map(|p| p.devices.iter())
+                                .map(|d| (d.id.clone(), d.units_used))
+                                .collect()
+                        };
+                        let (ub, ua) = (used(&before), used(&after));
+                        let mut freed: BTreeMap<String, u32> = BTreeMap::new();
+                        for g in &a.results {
+                            let total = before
+                                .pools
+                                .iter()
+                                .flat_map(|p| p.devices.iter())
+                                .find(|d| d.id == g.device_id)
+                                .unwrap()
+                                .units_total;
+                            *freed.entry(g.device_id.clone()).or_default() +=
+                                range(&g.unit, total).len() as u32;
+                        }
+                        for (dev, b) in &ub {
+                            prop_assert_eq!(b - ua[dev], freed.get(dev).copied().unwrap_or(0));
+                        }
+                        prop_assert_eq!(after.shared_cpus, before.shared_cpus.union(&a.cpus));
+                        prop_assert!(
+                            after
+                                .pools
+                                .iter()
+                                .flat_map(|p| p.devices.iter())
+                                .all(|d| d.held.iter().all(|h| h.claim != id))
+                        );
+                    }
+                }
+            }
+            Op::Restore => {
+                let records: Vec<Allocation> = n.allocations().cloned().collect();
+                let mut fresh = build(&w);
+                fresh.restore(&records).unwrap();
+                prop_assert_eq!(fresh.snapshot(), n.snapshot());
+                // The runtime tells the new process about running containers again.
+                let mut fresh_model = BTreeMap::new();
+                for (c, claims) in &containers {
+                    let (adj, updates) = fresh.container_started(c, claims);
+                    prop_assert!(updates.is_empty());
+                    fresh_model.insert(c.clone(), adj.cpus.unwrap());
+                }
+                prop_assert_eq!(&fresh_model, &model);
+                n = fresh;
+            }
+            Op::Started { container, claims } => {
+                let id = format!("ctr{container}");
+                let claims: Vec<String> = claims.into_iter().map(uid).collect();
+                let (adj, updates) = n.container_started(&id, &claims);
+                prop_assert!(updates.is_empty());
+                let cpus = adj.cpus.unwrap();
+                let exclusive = claims
+                    .iter()
+                    .filter_map(|c| n.allocation(c))
+                    .fold(CpuSet::new(), |acc, a| acc.union(&a.cpus));
+                if !exclusive.is_empty() {
+                    prop_assert_eq!(&cpus, &exclusive);
+                } else {
+                    prop_assert!(cpus.is_subset(&n.shared_cpus()) && !cpus.is_empty());
+                }
+                model.insert(id.clone(), cpus);
+                containers.insert(id, claims);
+            }
+            Op::Adopt { uid, device } => {
+                let id = format!("adopted-{uid}");
+                let dev = w.devices[device % w.devices.len()].id.clone();
+                let before = n.snapshot();
+                let held = n.allocation(&id).cloned();
+                match n.adopt(&id, &dev) {
+                    Ok(out) => {
+                        apply(&mut model, &out.updates);
+                        prop_assert!(out.allocation.results.iter().any(|g| g.device_id == dev));
+                        if out.already {
+                            prop_assert_eq!(n.snapshot(), before);
+                        } else {
+                            let had = held.map_or(0, |h| h.results.len());
+                            prop_assert_eq!(out.allocation.results.len(), had + 1);
+                        }
+                    }
+                    Err(refusal) => {
+                        prop_assert_eq!(
+                            n.snapshot(),
+                            before,
+                            "refusal changed the node: {}",
+                            refusal
+                        );
+                    }
+                }
+            }
+            Op::Removed { container } => {
+                let id = format!("ctr{container}");
+                let updates = n.container_removed(&id);
+                prop_assert!(updates.is_empty());
+                model.remove(&id);
+                containers.remove(&id);
+            }
+        }
+        check(&w, &n, &model)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sequences_keep_the_invariants(w in world(), ops in prop::collection::vec(op(), 1..40)) {
+        run(w, ops)?;
+    }
+}

@@ -1,0 +1,327 @@
+//! Every refusal, reached through the node the way a caller would hit it, and
+//! the promise that docs/refusals.md lists every sentence.
+
+mod common;
+
+use common::*;
+use policies::{
+    Ask, CountRequest, DeviceSelector, FamilyConfig, FamilyKind, Refusal, RefusalReason,
+};
+
+fn refused(n: &mut policies::Node, req: &policies::ClaimRequest) -> Refusal {
+    let before = n.snapshot();
+    let r = n.allocate(req).unwrap_err();
+    assert_eq!(n.snapshot(), before, "a refusal must change nothing");
+    assert!(n.allocation(&req.uid).is_none());
+    r
+}
+
+fn gpus() -> policies::Node {
+    node(
+        four_gpus(),
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 0)],
+    )
+}
+
+#[test]
+fn unknown_device() {
+    let r = refused(&mut gpus(), &named("c1", &[("gpus", "gpus-g9")]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: device gpus-g9 is not known on this node"
+    );
+}
+
+#[test]
+fn held_by_other() {
+    let mut n = gpus();
+    n.allocate(&named("c1", &[("gpus", "gpus-g0")])).unwrap();
+    let r = refused(
+        &mut n,
+        &named("c2", &[("gpus", "gpus-g1"), ("gpus", "gpus-g0")]),
+    );
+    assert_eq!(
+        r.to_string(),
+        "claim c2 refused: device g0 is held by claim c1 until that claim is unprepared"
+    );
+    // The first result, taken before the refusal, was given back.
+    assert!(n.holder_of("g1").is_empty());
+}
+
+#[test]
+fn mixed_vendors() {
+    let devices = vec![
+        gpu("a0", "amd", 0, "0-3", 0x17, 0),
+        gpu("n0", "nvidia", 0, "0-3", 0x18, 0),
+    ];
+    let mut n = node(
+        devices,
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 0)],
+    );
+    let r = refused(
+        &mut n,
+        &named("c1", &[("gpus", "gpus-n0"), ("gpus", "gpus-a0")]),
+    );
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: device a0 would mix vendors amd and nvidia in one claim"
+    );
+    // A count request follows the claim's first vendor instead of mixing.
+    let out = n
+        .allocate(&counted("c2", vec![count("a", 1), count("b", 1)]))
+        .unwrap_err();
+    assert!(
+        matches!(out.reason, RefusalReason::NoCapacity { .. }),
+        "{out}"
+    );
+}
+
+#[test]
+fn too_many_units() {
+    let mut n = gpus();
+    let r = refused(&mut n, &counted("c1", vec![count("r", 5)]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: it asks 5 units of pool gpus but the pool's devices have at most 4"
+    );
+    let mut n = node(four_gpus(), "0-7", &[pool("mps", &[], shared(2, 0, 0), 0)]);
+    let req = CountRequest {
+        shares: Some(3),
+        ..count("r", 1)
+    };
+    let r = refused(&mut n, &counted("c2", vec![req]));
+    assert_eq!(
+        r.reason,
+        RefusalReason::TooManyUnits {
+            pool: "mps".to_string(),
+            asked: 3,
+            most: 2
+        }
+    );
+}
+
+#[test]
+fn unknown_profile() {
+    let mut n = node(four_gpus(), "0-7", &[pool("mig", &[], mig(), 0)]);
+    let req = CountRequest {
+        profile: Some("9g.90gb".to_string()),
+        ..count("r", 1)
+    };
+    let r = refused(&mut n, &counted("c1", vec![req]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: profile 9g.90gb is not defined in pool mig"
+    );
+}
+
+#[test]
+fn wrong_family() {
+    let mut n = gpus();
+    let req = CountRequest {
+        family: Some(FamilyKind::Shared),
+        ..count("r", 1)
+    };
+    let r = refused(&mut n, &counted("c1", vec![req]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: pool gpus is of family exclusive but the request asks for shared"
+    );
+    let req = CountRequest {
+        profile: Some("1g.10gb".to_string()),
+        ..count("r", 1)
+    };
+    let r = refused(&mut n, &counted("c2", vec![req]));
+    assert_eq!(
+        r.reason,
+        RefusalReason::WrongFamily {
+            pool: "gpus".to_string(),
+            family: "exclusive".to_string(),
+            asked: "sliced".to_string()
+        }
+    );
+}
+
+#[test]
+fn no_placement() {
+    let mut n = node(
+        four_gpus()[..1].to_vec(),
+        "0-7",
+        &[pool("mig", &[], mig(), 0)],
+    );
+    n.allocate(&named(
+        "c0",
+        &[("mig", "mig-g0-1g-10gb-3"), ("mig", "mig-g0-1g-10gb-7")],
+    ))
+    .unwrap();
+    let req = CountRequest {
+        profile: Some("4g.40gb".to_string()),
+        ..count("r", 1)
+    };
+    let r = refused(&mut n, &counted("c1", vec![req]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: no placement is left for a slice of profile 4g.40gb on any device"
+    );
+}
+
+#[test]
+fn no_capacity() {
+    let mut n = gpus();
+    n.allocate(&counted("c0", vec![count("r", 3)])).unwrap();
+    let r = refused(&mut n, &counted("c1", vec![count("r", 2)]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: request r cannot be met by the devices free now"
+    );
+}
+
+#[test]
+fn no_pool_and_no_matching_pool() {
+    let mut n = gpus();
+    let r = refused(&mut n, &named("c1", &[("tpus", "tpus-t0")]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: there is no pool named tpus"
+    );
+    let req = CountRequest {
+        selector: DeviceSelector {
+            vendor: Some("intel".to_string()),
+            ..DeviceSelector::default()
+        },
+        ..count("r", 1)
+    };
+    let r = refused(&mut n, &counted("c2", vec![req]));
+    assert_eq!(
+        r.to_string(),
+        "claim c2 refused: no pool has devices matching request r"
+    );
+}
+
+#[test]
+fn not_enough_cpus() {
+    let mut n = node(
+        four_gpus(),
+        "0-7",
+        &[pool("gpus", &[], FamilyConfig::Exclusive, 3)],
+    );
+    n.allocate(&named("c0", &[("gpus", "gpus-g2")])).unwrap();
+    let r = refused(&mut n, &named("c1", &[("gpus", "gpus-g3")]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: device g3 needs 3 accelerator-local CPUs but only 1 are free"
+    );
+    assert!(n.holder_of("g3").is_empty());
+}
+
+#[test]
+fn invalid_requests() {
+    let mut n = gpus();
+    let r = refused(&mut n, &claim("c1", Ask::Count(vec![])));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: the request is invalid: it asks for nothing"
+    );
+    let r = refused(&mut n, &counted("c2", vec![count("r", 0)]));
+    assert!(matches!(r.reason, RefusalReason::InvalidRequest { .. }));
+    let r = refused(&mut n, &named("", &[("gpus", "gpus-g0")]));
+    assert!(matches!(r.reason, RefusalReason::InvalidRequest { .. }));
+    let r = refused(
+        &mut n,
+        &named("c3", &[("gpus", "gpus-g0"), ("gpus", "gpus-g0")]),
+    );
+    assert!(matches!(r.reason, RefusalReason::InvalidRequest { .. }));
+}
+
+/// Every refusal sentence, rendered with placeholders, appears verbatim in docs/refusals.md.
+#[test]
+fn docs_list_every_refusal_sentence() {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/refusals.md"))
+        .expect("docs/refusals.md");
+    let s = |x: &str| x.to_string();
+    let reasons = vec![
+        (true, RefusalReason::UnknownDevice),
+        (
+            true,
+            RefusalReason::HeldByOther {
+                holder: s("<holder>"),
+            },
+        ),
+        (
+            true,
+            RefusalReason::MixedVendors {
+                vendors: vec![s("<vendor>"), s("<other vendor>")],
+            },
+        ),
+        (
+            false,
+            RefusalReason::TooManyUnits {
+                pool: s("<pool>"),
+                asked: 111,
+                most: 222,
+            },
+        ),
+        (
+            false,
+            RefusalReason::UnknownProfile {
+                profile: s("<profile>"),
+                pool: s("<pool>"),
+            },
+        ),
+        (
+            false,
+            RefusalReason::WrongFamily {
+                pool: s("<pool>"),
+                family: s("<family>"),
+                asked: s("<asked>"),
+            },
+        ),
+        (
+            true,
+            RefusalReason::NoPlacement {
+                profile: s("<profile>"),
+            },
+        ),
+        (
+            false,
+            RefusalReason::NoPlacement {
+                profile: s("<profile>"),
+            },
+        ),
+        (
+            false,
+            RefusalReason::NoCapacity {
+                request: s("<request>"),
+            },
+        ),
+        (false, RefusalReason::NoPool { pool: s("<pool>") }),
+        (
+            false,
+            RefusalReason::NoMatchingPool {
+                request: s("<request>"),
+            },
+        ),
+        (
+            true,
+            RefusalReason::NotEnoughCpus {
+                asked: 111,
+                free: 222,
+            },
+        ),
+        (false, RefusalReason::InvalidRequest { why: s("<why>") }),
+    ];
+    for (with_device, reason) in reasons {
+        let r = Refusal::new("<claim>", with_device.then_some("<device>"), reason);
+        let text = r
+            .to_string()
+            .replace("111", "<asked>")
+            .replace("222", "<most>");
+        let text = if matches!(r.reason, RefusalReason::NotEnoughCpus { .. }) {
+            text.replace("<most>", "<free>")
+        } else {
+            text
+        };
+        assert!(docs.contains(&text), "docs/refusals.md lacks: {text}");
+    }
+}
