@@ -1,0 +1,153 @@
+//! Durable, atomic file replacement in one directory, and recognition of stray temp files.
+//!
+//! A write goes to `.<target>.<pid>-<seq>.tmp` in the same directory (CDI scanners read only
+//! `*.yaml` and `*.json`, and the leading dot hides it from `ls`), created exclusively with mode
+//! 0644 set explicitly, written, fsynced, renamed over the target, and then the directory is
+//! fsynced. A reader sees the old file or the new one, never a partial one; after a power loss
+//! the rename is either persisted or not.
+//!
+//! While a temp file exists its writer holds an exclusive `flock` on it, and in-process writers
+//! also register it in [`IN_FLIGHT`]. The cleaner removes a temp file only if it is not in
+//! flight here and its lock can be taken, i.e. its writer has died.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions, Permissions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::CdiError;
+
+/// Mode of every spec file: world-readable, as runtimes and other agents read the directory.
+pub const SPEC_MODE: u32 = 0o644;
+
+/// Temp files of in-process writers, so a concurrent cleaner never removes them.
+static IN_FLIGHT: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Steps of a durable write or remove, reported to a [`crate::StepHook`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteStep {
+    /// The temp file is written and fsynced; the target is unchanged.
+    TempWritten,
+    /// The temp file has been renamed over the target and the directory fsynced.
+    Renamed,
+    /// The spec has been unlinked and the directory fsynced.
+    Removed,
+}
+
+/// Name of a temp file for `target_name`: `.<target_name>.<pid>-<seq>.tmp`.
+pub(crate) fn temp_name(target_name: &str) -> String {
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    format!(".{target_name}.{}-{seq}.tmp", std::process::id())
+}
+
+struct InFlight(PathBuf);
+
+impl InFlight {
+    fn register(path: PathBuf) -> InFlight {
+        let mut g = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert_with(HashSet::new).insert(path.clone());
+        InFlight(path)
+    }
+
+    fn contains(path: &Path) -> bool {
+        let g = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().is_some_and(|s| s.contains(path))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut g = IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = g.as_mut() {
+            s.remove(&self.0);
+        }
+    }
+}
+
+/// fsyncs a directory so that renames and unlinks in it survive a power loss.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), CdiError> {
+    let d = File::open(dir).map_err(|e| CdiError::io("open directory", dir, e))?;
+    d.sync_all()
+        .map_err(|e| CdiError::io("fsync directory", dir, e))
+}
+
+/// Atomically and durably replaces `dir/target_name` with `bytes` (mode 0644).
+///
+/// `step` is called after the temp file is written and after the rename.
+pub(crate) fn replace(
+    dir: &Path,
+    target_name: &str,
+    bytes: &[u8],
+    step: &dyn Fn(WriteStep),
+) -> Result<(), CdiError> {
+    let tmp = dir.join(temp_name(target_name));
+    let target = dir.join(target_name);
+    let _in_flight = InFlight::register(tmp.clone());
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(SPEC_MODE)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(&tmp)
+        .map_err(|e| CdiError::io("create temp spec", &tmp, e))?;
+    // From here on, any failure removes the temp file.
+    let result = (|| {
+        let mut file = Flock::lock(file, FlockArg::LockExclusive)
+            .map_err(|(_, e)| CdiError::io("lock temp spec", &tmp, e.into()))?;
+        file.set_permissions(Permissions::from_mode(SPEC_MODE))
+            .map_err(|e| CdiError::io("chmod temp spec", &tmp, e))?;
+        file.write_all(bytes)
+            .map_err(|e| CdiError::io("write temp spec", &tmp, e))?;
+        file.sync_all()
+            .map_err(|e| CdiError::io("fsync temp spec", &tmp, e))?;
+        step(WriteStep::TempWritten);
+        fs::rename(&tmp, &target).map_err(|e| CdiError::io("rename temp spec onto", &target, e))
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(dir)?;
+    step(WriteStep::Renamed);
+    Ok(())
+}
+
+/// Removes `path` if it is a temp file whose writer is gone; returns whether it did.
+pub(crate) fn remove_if_stray(path: &Path) -> Result<bool, CdiError> {
+    if InFlight::contains(path) {
+        return Ok(false);
+    }
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(CdiError::io("open temp spec", path, e)),
+    };
+    let Ok(_lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+        // A live writer (perhaps in another process) holds it.
+        return Ok(false);
+    };
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(CdiError::io("remove stray temp spec", path, e)),
+    }
+}
+
+/// Unlinks `path`; a missing file is success. Returns whether a file was removed.
+pub(crate) fn unlink(path: &Path) -> Result<bool, CdiError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(CdiError::io("remove spec", path, e)),
+    }
+}
