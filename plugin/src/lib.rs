@@ -1,7 +1,10 @@
 //! nri-accel library: the parts the binary wires together.
+pub mod bootid;
+pub mod checkpoint;
 pub mod claims_api;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
 pub mod engine;
 pub mod gate;
+pub mod nodelock;

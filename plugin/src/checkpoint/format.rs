@@ -1,0 +1,299 @@
+//! Framing of the checkpoint files: a header, then checksummed entries.
+//!
+//! ```text
+//! header: magic [8] | version u32 LE | generation u64 LE | boot id length u8 | boot id | crc32 u32 LE
+//! entry:  length u32 LE | crc32 of the length bytes u32 LE | crc32 of the payload u32 LE | payload (JSON)
+//! ```
+//! The length has its own checksum, so a damaged length in the middle of the
+//! log is told apart from a torn tail; lengths are checked against the bytes
+//! present and the caps before any slice is taken, so they never allocate.
+
+/// Magic of the snapshot file.
+pub const SNAPSHOT_MAGIC: [u8; 8] = *b"NRIACSNP";
+/// Magic of the write-ahead log.
+pub const WAL_MAGIC: [u8; 8] = *b"NRIACWAL";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// The most payload bytes one entry (one commit) may hold.
+pub const MAX_ENTRY_BYTES: usize = 1 << 20;
+/// The most bytes a checkpoint file may hold; larger files are refused unread.
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+/// The most bytes of a boot id stored in a header.
+pub const MAX_HEADER_BOOT_ID: usize = 128;
+
+const ENTRY_HEADER: usize = 12;
+const FIXED_HEADER: usize = 8 + 4 + 8 + 1;
+
+/// A decoded file header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub generation: u64,
+    pub boot_id: String,
+}
+
+/// Why a header does not decode.
+#[derive(Debug)]
+pub(crate) enum HeaderError {
+    /// Not one of our files, or damaged beyond recognition.
+    Invalid(String),
+    /// A format version this build does not read.
+    Version(u32),
+}
+
+impl Header {
+    /// The header bytes for a file with `magic`.
+    pub fn encode(&self, magic: &[u8; 8]) -> Vec<u8> {
+        let id = self.boot_id.as_bytes();
+        let mut out = Vec::with_capacity(FIXED_HEADER + id.len() + 4);
+        out.extend_from_slice(magic);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.generation.to_le_bytes());
+        // The boot id length is checked at open (<= MAX_HEADER_BOOT_ID < 256).
+        out.push(id.len().min(MAX_HEADER_BOOT_ID) as u8);
+        out.extend_from_slice(&id[..id.len().min(MAX_HEADER_BOOT_ID)]);
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Decodes the header at the start of `bytes`; returns it and its length.
+    pub fn decode(magic: &[u8; 8], bytes: &[u8]) -> Result<(Header, usize), HeaderError> {
+        if bytes.len() < FIXED_HEADER {
+            return Err(HeaderError::Invalid(format!(
+                "the file holds {} bytes, fewer than a header",
+                bytes.len()
+            )));
+        }
+        if bytes[..8] != magic[..] {
+            return Err(HeaderError::Invalid(format!(
+                "bad magic {:?} (expected {:?})",
+                String::from_utf8_lossy(&bytes[..8]),
+                String::from_utf8_lossy(magic)
+            )));
+        }
+        let version = u32::from_le_bytes(le4(&bytes[8..12]));
+        if version != FORMAT_VERSION {
+            return Err(HeaderError::Version(version));
+        }
+        let generation = u64::from_le_bytes(le8(&bytes[12..20]));
+        let id_len = usize::from(bytes[20]);
+        let end = FIXED_HEADER + id_len;
+        if id_len > MAX_HEADER_BOOT_ID || bytes.len() < end + 4 {
+            return Err(HeaderError::Invalid("truncated or oversized header".into()));
+        }
+        let stored = u32::from_le_bytes(le4(&bytes[end..end + 4]));
+        if crc32fast::hash(&bytes[..end]) != stored {
+            return Err(HeaderError::Invalid("header checksum mismatch".into()));
+        }
+        let boot_id = std::str::from_utf8(&bytes[FIXED_HEADER..end])
+            .map_err(|_| HeaderError::Invalid("boot id in the header is not UTF-8".into()))?
+            .to_owned();
+        Ok((
+            Header {
+                generation,
+                boot_id,
+            },
+            end + 4,
+        ))
+    }
+}
+
+/// Appends one framed entry holding `payload` to `out`.
+pub(crate) fn encode_entry(payload: &[u8], out: &mut Vec<u8>) {
+    let len = (payload.len() as u32).to_le_bytes();
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&crc32fast::hash(&len).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// The bytes one entry with `payload_len` payload bytes takes on disk.
+pub(crate) fn framed_len(payload_len: usize) -> usize {
+    ENTRY_HEADER + payload_len
+}
+
+/// An invalid tail: where the good entries end and why the rest is dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TornTail {
+    pub offset: usize,
+    pub reason: String,
+}
+
+/// Damage that is not a torn tail: at `offset`, for `reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Damage {
+    pub offset: usize,
+    pub reason: String,
+}
+
+/// The entries of a file after its header.
+#[derive(Debug, Default)]
+pub(crate) struct Scan<'a> {
+    /// (offset, payload) of every valid entry, in order.
+    pub entries: Vec<(usize, &'a [u8])>,
+    /// Set when the file ends in a partial or invalid last entry.
+    pub torn: Option<TornTail>,
+}
+
+/// Walks the entries of `bytes` from `start`.
+///
+/// An invalid entry is a torn tail (the expected result of a crash during an
+/// append) when its header is incomplete, it runs past the end of the file
+/// (with an intact length), it is the last entry, or only zeros follow.
+/// Anything else, a damaged length field included, is damage: an error.
+pub(crate) fn scan_entries(bytes: &[u8], start: usize) -> Result<Scan<'_>, Damage> {
+    let total = bytes.len();
+    let mut scan = Scan::default();
+    let mut pos = start;
+    while pos < total {
+        let torn = |reason: &str| TornTail {
+            offset: pos,
+            reason: reason.to_owned(),
+        };
+        if bytes[pos..].iter().all(|b| *b == 0) {
+            scan.torn = Some(torn("zero-filled tail"));
+            break;
+        }
+        if total - pos < ENTRY_HEADER {
+            scan.torn = Some(torn("incomplete entry header"));
+            break;
+        }
+        let len = u32::from_le_bytes(le4(&bytes[pos..pos + 4])) as usize;
+        let len_check = u32::from_le_bytes(le4(&bytes[pos + 4..pos + 8]));
+        let stored = u32::from_le_bytes(le4(&bytes[pos + 8..pos + 12]));
+        if crc32fast::hash(&bytes[pos..pos + 4]) != len_check {
+            return Err(Damage {
+                offset: pos,
+                reason: "entry length field damaged (its checksum does not match)".into(),
+            });
+        }
+        let end = (pos + ENTRY_HEADER).saturating_add(len);
+        if end > total {
+            scan.torn = Some(torn("entry runs past the end of the file"));
+            break;
+        }
+        let last = end == total;
+        let problem = if len == 0 {
+            Some("empty entry".to_owned())
+        } else if len > MAX_ENTRY_BYTES {
+            Some(format!(
+                "entry length {len} exceeds the cap of {MAX_ENTRY_BYTES} bytes"
+            ))
+        } else {
+            (crc32fast::hash(&bytes[pos + ENTRY_HEADER..end]) != stored)
+                .then(|| "entry checksum mismatch".to_owned())
+        };
+        match problem {
+            None => scan.entries.push((pos, &bytes[pos + ENTRY_HEADER..end])),
+            Some(reason) if last => {
+                scan.torn = Some(torn(&reason));
+                break;
+            }
+            Some(reason) => {
+                return Err(Damage {
+                    offset: pos,
+                    reason: format!("{reason}, with {} more bytes after it", total - end),
+                });
+            }
+        }
+        pos = end;
+    }
+    Ok(scan)
+}
+
+fn le4(b: &[u8]) -> [u8; 4] {
+    let mut out = [0; 4];
+    out.copy_from_slice(&b[..4]);
+    out
+}
+
+fn le8(b: &[u8]) -> [u8; 8] {
+    let mut out = [0; 8];
+    out.copy_from_slice(&b[..8]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(payloads: &[&[u8]]) -> (Vec<u8>, usize) {
+        let header = Header {
+            generation: 3,
+            boot_id: "b".into(),
+        };
+        let mut out = header.encode(&WAL_MAGIC);
+        let start = out.len();
+        for p in payloads {
+            encode_entry(p, &mut out);
+        }
+        (out, start)
+    }
+
+    #[test]
+    fn header_round_trips_and_rejects_other_magic_and_versions() {
+        let header = Header {
+            generation: 7,
+            boot_id: "abc".into(),
+        };
+        let bytes = header.encode(&SNAPSHOT_MAGIC);
+        let (back, len) = Header::decode(&SNAPSHOT_MAGIC, &bytes).unwrap();
+        assert_eq!((back, len), (header, bytes.len()));
+        assert!(matches!(
+            Header::decode(&WAL_MAGIC, &bytes),
+            Err(HeaderError::Invalid(_))
+        ));
+        let mut newer = bytes.clone();
+        newer[8] = 2;
+        assert!(matches!(
+            Header::decode(&SNAPSHOT_MAGIC, &newer),
+            Err(HeaderError::Version(2))
+        ));
+        let mut flipped = bytes;
+        flipped[13] ^= 1;
+        assert!(matches!(
+            Header::decode(&SNAPSHOT_MAGIC, &flipped),
+            Err(HeaderError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn oversized_length_in_the_middle_is_damage_without_allocating() {
+        let (mut bytes, start) = file_with(&[b"one", b"two"]);
+        bytes[start..start + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        // A length whose own checksum fails is damage, even if it runs past the end.
+        let err = scan_entries(&bytes, start).unwrap_err();
+        assert_eq!(err.offset, start);
+        assert!(err.reason.contains("length"), "{}", err.reason);
+        // An intact length running past the end is a torn tail.
+        let len = u32::MAX.to_le_bytes();
+        bytes[start + 4..start + 8].copy_from_slice(&crc32fast::hash(&len).to_le_bytes());
+        let scan = scan_entries(&bytes, start).unwrap();
+        assert!(scan.entries.is_empty());
+        assert_eq!(scan.torn.unwrap().offset, start);
+        // A huge length that fits the file is damage, reported, not allocated.
+        let (mut bytes, start) = file_with(&[b"one", &vec![b'x'; MAX_ENTRY_BYTES + 10], b"z"]);
+        let second = start + framed_len(3);
+        let len = (MAX_ENTRY_BYTES + 10) as u32;
+        assert_eq!(bytes[second..second + 4], len.to_le_bytes());
+        let err = scan_entries(&bytes, start).unwrap_err();
+        assert_eq!(err.offset, second);
+        assert!(err.reason.contains("cap"), "{}", err.reason);
+        bytes.truncate(second);
+        assert_eq!(scan_entries(&bytes, start).unwrap().entries.len(), 1);
+    }
+
+    #[test]
+    fn zero_tail_is_torn_and_bad_middle_checksum_is_damage() {
+        let (mut bytes, start) = file_with(&[b"one", b"two"]);
+        let clean = bytes.len();
+        bytes.extend_from_slice(&[0; 100]);
+        let scan = scan_entries(&bytes, start).unwrap();
+        assert_eq!(scan.entries.len(), 2);
+        assert_eq!(scan.torn.unwrap().offset, clean);
+        let (mut bytes, start) = file_with(&[b"one", b"two"]);
+        bytes[start + 13] ^= 0x40;
+        let err = scan_entries(&bytes, start).unwrap_err();
+        assert_eq!(err.offset, start);
+    }
+}

@@ -1,0 +1,309 @@
+//! The checkpoint: the durable record of which claims hold which allocation,
+//! and of the container updates not yet delivered.
+//!
+//! It is a write-ahead log with compaction in one directory
+//! (`<state dir>/checkpoint/`):
+//! - `snapshot`: the whole state as of a generation, replaced atomically
+//!   (temp file, fsync, rename, fsync dir);
+//! - `wal`: one checksummed entry per commit since that snapshot, appended and
+//!   fdatasync'd before the commit returns.
+//!
+//! A commit costs one append and one sync whatever the number of records held;
+//! concurrent commits share both (group commit). When the log outgrows the
+//! snapshot it is folded into a new snapshot of the next generation. The
+//! checkpoint knows nothing of policies: records and pending updates are any
+//! serde types. Callers serialize read-modify-write cycles across processes
+//! with the [node lock](crate::nodelock). The on-disk format and the
+//! operator's way out of a corrupt file are in `docs/state.md`.
+
+mod commit;
+mod error;
+mod files;
+mod format;
+mod load;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+pub use error::CheckpointError;
+pub use format::{FORMAT_VERSION, MAX_ENTRY_BYTES, MAX_FILE_BYTES};
+
+/// Name of the snapshot file in the checkpoint directory.
+pub const SNAPSHOT_FILE: &str = "snapshot";
+/// Name of the write-ahead log in the checkpoint directory.
+pub const WAL_FILE: &str = "wal";
+/// Suffix of files being written; left over only by a crash, removed at open.
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// What a record or a pending update must be to be stored.
+pub trait Payload: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {}
+impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Payload for T {}
+
+/// One change of a commit. The changes of one commit are durable together or
+/// not at all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change<R, U> {
+    /// Sets the record of a claim (by claim UID).
+    PutRecord(String, R),
+    /// Removes the record of a claim; unknown UIDs are ignored.
+    DeleteRecord(String),
+    /// Sets the pending update of a container (by container id).
+    PutPending(String, U),
+    /// Removes the pending update of a container; unknown ids are ignored.
+    DeletePending(String),
+}
+
+/// Named points of a commit and of a compaction, for crash tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CheckpointStep {
+    /// A batch was written to the log but not yet synced.
+    WalAppended,
+    /// The batch is durable; the in-memory state is updated next.
+    WalSynced,
+    /// Compaction: the new snapshot is written and synced under its temp name.
+    SnapshotWritten,
+    /// Compaction: the new, empty log is written and synced under its temp name.
+    NewWalWritten,
+    /// Compaction: the snapshot was renamed into place (directory not synced yet).
+    SnapshotRenamed,
+    /// Compaction: the new log was renamed into place (directory not synced yet).
+    WalRenamed,
+    /// Compaction finished; the directory is synced.
+    Compacted,
+}
+
+/// A callback told of every [`CheckpointStep`]; tests use it to crash there.
+pub type StepHook = Arc<dyn Fn(CheckpointStep) + Send + Sync>;
+
+/// Tuning of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointOptions {
+    /// The log is compacted once it holds this many bytes and at least as many
+    /// as the last snapshot (so compaction work per commit stays constant).
+    pub compact_min_bytes: u64,
+}
+
+impl Default for CheckpointOptions {
+    fn default() -> Self {
+        Self {
+            compact_min_bytes: 4 << 20,
+        }
+    }
+}
+
+/// A torn tail found and cut off at open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTailReport {
+    /// Where the good entries end (the new length of the log).
+    pub offset: u64,
+    /// How many bytes were cut off.
+    pub bytes: u64,
+    /// What was wrong with them.
+    pub reason: String,
+}
+
+/// What [`Checkpoint::open`] found and did; the daemon logs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// No checkpoint existed: an empty one was created.
+    pub created: bool,
+    /// Records loaded (after any drop).
+    pub records: usize,
+    /// Pending container updates loaded (after any drop).
+    pub pending: usize,
+    /// A partially written last entry (a crash during a commit) was cut off.
+    pub torn_tail: Option<TornTailReport>,
+    /// The boot id the files were written under, when it differs from this boot.
+    pub previous_boot_id: Option<String>,
+    /// Records dropped because they belong to another boot.
+    pub dropped_records: usize,
+    /// Pending updates dropped because they belong to another boot.
+    pub dropped_pending: usize,
+    /// A log older than the snapshot (a crash during compaction) was replaced;
+    /// its entries are all in the snapshot.
+    pub stale_wal_replaced: bool,
+    /// The snapshot existed without a log (for example moved aside by an
+    /// operator); a new, empty log was started.
+    pub wal_missing: bool,
+    /// Temp files of an interrupted compaction that were removed.
+    pub removed_temp_files: Vec<PathBuf>,
+}
+
+/// The current records and pending updates.
+#[derive(Debug, Clone)]
+pub(crate) struct State<R, U> {
+    records: BTreeMap<String, R>,
+    pending: BTreeMap<String, U>,
+}
+
+impl<R, U> Default for State<R, U> {
+    fn default() -> Self {
+        Self {
+            records: BTreeMap::new(),
+            pending: BTreeMap::new(),
+        }
+    }
+}
+
+impl<R, U> State<R, U> {
+    fn apply(&mut self, change: Change<R, U>) {
+        match change {
+            Change::PutRecord(uid, record) => {
+                self.records.insert(uid, record);
+            }
+            Change::DeleteRecord(uid) => {
+                self.records.remove(&uid);
+            }
+            Change::PutPending(id, update) => {
+                self.pending.insert(id, update);
+            }
+            Change::DeletePending(id) => {
+                self.pending.remove(&id);
+            }
+        }
+    }
+}
+
+/// The open log: the leader of a group commit appends to it.
+struct Wal {
+    file: File,
+    len: u64,
+    generation: u64,
+    snapshot_len: u64,
+}
+
+/// A commit waiting for a leader to write it.
+struct Queued<R, U> {
+    ticket: u64,
+    frame: Vec<u8>,
+    changes: Vec<Change<R, U>>,
+}
+
+/// A batch failure, shared by every commit of the batch.
+#[derive(Debug, Clone)]
+enum BatchError {
+    Io {
+        op: &'static str,
+        source: Arc<std::io::Error>,
+    },
+    Poisoned(String),
+}
+
+/// Group commit bookkeeping, under one mutex.
+struct Queue<R, U> {
+    next_ticket: u64,
+    waiting: Vec<Queued<R, U>>,
+    leader: bool,
+    results: HashMap<u64, Result<(), BatchError>>,
+    poisoned: Option<String>,
+    stats: CommitStats,
+}
+
+/// Counters of the group commit, for metrics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Commits made durable since open.
+    pub commits: u64,
+    /// Batches written (one write and one fdatasync each).
+    pub batches: u64,
+    /// Commits queued now, waiting for a leader.
+    pub waiting: usize,
+}
+
+/// A durable, thread-safe store of records (by claim UID) and pending container
+/// updates (by container id). See the module docs.
+pub struct Checkpoint<R, U> {
+    dir: PathBuf,
+    snapshot_path: PathBuf,
+    wal_path: PathBuf,
+    boot_id: String,
+    options: CheckpointOptions,
+    state: RwLock<State<R, U>>,
+    wal: Mutex<Wal>,
+    queue: Mutex<Queue<R, U>>,
+    written: Condvar,
+    hook: Mutex<Option<StepHook>>,
+}
+
+impl<R, U> std::fmt::Debug for Checkpoint<R, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("dir", &self.dir)
+            .field("boot_id", &self.boot_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<R: Payload, U: Payload> Checkpoint<R, U> {
+    /// Opens (or creates) the checkpoint in `dir` for the boot `boot_id`, with
+    /// default options. See [`Checkpoint::open_with`].
+    pub fn open(dir: &Path, boot_id: &str) -> Result<(Self, OpenReport), CheckpointError> {
+        Self::open_with(dir, boot_id, CheckpointOptions::default())
+    }
+
+    /// The current records, by claim UID.
+    pub fn records(&self) -> BTreeMap<String, R> {
+        self.read_state().records.clone()
+    }
+
+    /// The record of one claim.
+    pub fn record(&self, uid: &str) -> Option<R> {
+        self.read_state().records.get(uid).cloned()
+    }
+
+    /// The number of records held.
+    pub fn record_count(&self) -> usize {
+        self.read_state().records.len()
+    }
+
+    /// The pending container updates, by container id.
+    pub fn pending(&self) -> BTreeMap<String, U> {
+        self.read_state().pending.clone()
+    }
+
+    fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State<R, U>> {
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<R, U> Checkpoint<R, U> {
+    /// The checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The boot id this checkpoint writes under.
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    /// Group commit counters: commits per batch is `commits / batches`.
+    pub fn stats(&self) -> CommitStats {
+        let queue = lock(&self.queue);
+        CommitStats {
+            waiting: queue.waiting.len(),
+            ..queue.stats
+        }
+    }
+
+    /// Installs (or removes) the step callback; for crash tests.
+    pub fn set_step_hook(&self, hook: Option<StepHook>) {
+        *lock(&self.hook) = hook;
+    }
+
+    fn step(&self, step: CheckpointStep) {
+        let hook = lock(&self.hook).clone();
+        if let Some(hook) = hook {
+            hook(step);
+        }
+    }
+}
