@@ -8,7 +8,7 @@ use nri_accel::checkpoint::Checkpoint;
 use nri_accel::engine::{CrashHook, CrashPoint, Engine, HookAction, StartupReport, UpdateSink};
 use policies::{
     Ask, ClaimRequest, ContainerUpdate, CountRequest, CpuSet, Device, DeviceNode, DeviceSelector,
-    FamilyConfig, Inventory, Node, NodeKind, PoolConfig, Registry,
+    FamilyConfig, Inventory, NamedResult, Node, NodeKind, PoolConfig, Registry,
 };
 
 pub const BOOT: &str = "boot-1";
@@ -25,7 +25,11 @@ pub fn dirs() -> Dirs {
     let cdi = tmp.path().join("cdi");
     std::fs::create_dir_all(&state).unwrap();
     std::fs::create_dir_all(&cdi).unwrap();
-    Dirs { _tmp: tmp, state, cdi }
+    Dirs {
+        _tmp: tmp,
+        state,
+        cdi,
+    }
 }
 
 pub fn inventory(devices: usize) -> Inventory {
@@ -37,7 +41,11 @@ pub fn inventory(devices: usize) -> Inventory {
             pci_address: Some(format!("0000:{:02x}:00.0", 0x18 + i)),
             pci_id: Some("10de:2330".into()),
             numa_node: Some((i % 2) as u32),
-            local_cpus: if i % 2 == 0 { "0-3".parse().unwrap() } else { "4-7".parse().unwrap() },
+            local_cpus: if i % 2 == 0 {
+                "0-3".parse().unwrap()
+            } else {
+                "4-7".parse().unwrap()
+            },
             memory_mib: 81_920,
             compute_units: 132,
             driver: Some("nvidia".into()),
@@ -75,17 +83,25 @@ pub fn pools(cpus_per_device: u32) -> Vec<PoolConfig> {
 }
 
 pub fn node(devices: usize, cpus_per_device: u32) -> Node {
-    Node::new(inventory(devices), &pools(cpus_per_device), &Registry::with_builtins()).unwrap()
+    Node::new(
+        inventory(devices),
+        &pools(cpus_per_device),
+        &Registry::with_builtins(),
+    )
+    .unwrap()
 }
 
-pub fn store(d: &Dirs) -> cdi::SpecStore {
+pub fn try_store(d: &Dirs) -> Result<cdi::SpecStore, cdi::CdiError> {
     cdi::SpecStore::open(cdi::StoreConfig {
         dir: d.cdi.clone(),
         vendor: "accel.nri.io".into(),
         class: "device".into(),
         format: cdi::SpecFormat::Yaml,
     })
-    .unwrap()
+}
+
+pub fn store(d: &Dirs) -> cdi::SpecStore {
+    try_store(d).unwrap()
 }
 
 pub fn open_with(
@@ -102,22 +118,16 @@ pub fn open(d: &Dirs) -> Engine {
     open_with(d, 4, 0, None).unwrap().0
 }
 
-/// A claim asking for one device by id.
+/// A claim naming one device, as a DRA driver forwards its allocation result.
 pub fn claim_for(uid: &str, device: &str) -> ClaimRequest {
     ClaimRequest {
         uid: uid.into(),
         namespace: "default".into(),
         name: format!("{uid}-claim"),
-        ask: Ask::Count(vec![CountRequest {
+        ask: Ask::Named(vec![NamedResult {
             request: "gpu".into(),
-            count: 1,
-            family: None,
-            selector: DeviceSelector {
-                ids: vec![device.into()],
-                ..DeviceSelector::default()
-            },
-            profile: None,
-            shares: None,
+            pool: "gpus".into(),
+            device: format!("gpus-{device}"),
         }]),
     }
 }
@@ -141,7 +151,13 @@ pub fn claim_count(uid: &str, count: u32) -> ClaimRequest {
 
 /// A hook that makes the engine die at one step.
 pub fn die_at(point: CrashPoint) -> CrashHook {
-    Arc::new(move |p| if p == point { HookAction::Die } else { HookAction::Continue })
+    Arc::new(move |p| {
+        if p == point {
+            HookAction::Die
+        } else {
+            HookAction::Continue
+        }
+    })
 }
 
 /// Claim UIDs with a spec file in the dir.

@@ -26,7 +26,11 @@ const UNPREPARE_STEPS: [CrashPoint; 4] = [
 /// every device is held by at most one claim.
 fn assert_consistent(d: &Dirs, engine: &nri_accel::engine::Engine) {
     let records = {
-        let mut v: Vec<String> = engine.claims().into_iter().map(|(a, _)| a.claim_uid).collect();
+        let mut v: Vec<String> = engine
+            .claims()
+            .into_iter()
+            .map(|(a, _)| a.claim_uid)
+            .collect();
         v.sort();
         v
     };
@@ -35,7 +39,10 @@ fn assert_consistent(d: &Dirs, engine: &nri_accel::engine::Engine) {
     for (a, _) in engine.claims() {
         for g in a.results {
             if let Some(other) = held.insert(g.device_id.clone(), a.claim_uid.clone()) {
-                panic!("device {} granted to {} and {}", g.device_id, other, a.claim_uid);
+                panic!(
+                    "device {} granted to {} and {}",
+                    g.device_id, other, a.claim_uid
+                );
             }
         }
     }
@@ -48,24 +55,44 @@ async fn crash_at_every_prepare_step_then_restart_and_retry() {
         {
             let (engine, _) = open_with(&d, 2, 1, Some(die_at(step))).unwrap();
             engine.container_started("ctr-shared", &[]);
-            let err = engine.prepare(claim_for("victim", "gpu0")).await.unwrap_err();
-            assert!(matches!(err, EngineError::Crashed(p) if p == step), "{step}: {err}");
+            let err = engine
+                .prepare(claim_for("victim", "gpu0"))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, EngineError::Crashed(p) if p == step),
+                "{step}: {err}"
+            );
         }
         let (engine, _) = open_with(&d, 2, 1, None).unwrap();
         assert_consistent(&d, &engine);
         // No leak: the device is either still the victim's (the crash came
         // after the grant was complete) or free for anyone.
-        let holders: Vec<String> = engine.claims().into_iter().map(|(a, _)| a.claim_uid).collect();
+        let holders: Vec<String> = engine
+            .claims()
+            .into_iter()
+            .map(|(a, _)| a.claim_uid)
+            .collect();
         if step == CrashPoint::AfterSpecRename {
-            assert_eq!(holders, vec!["victim"], "{step}: a spec in place is a grant");
+            assert_eq!(
+                holders,
+                vec!["victim"],
+                "{step}: a spec in place is a grant"
+            );
         } else {
             assert!(holders.is_empty(), "{step}: rolled back, got {holders:?}");
         }
         // The kubelet retries: it completes, and answers the same either way.
         let p = engine.prepare(claim_for("victim", "gpu0")).await.unwrap();
-        assert_eq!(p.devices[0].cdi_id, "accel.nri.io/device=claim-victim-0", "{step}");
+        assert_eq!(
+            p.devices[0].cdi_id, "accel.nri.io/device=claim-victim-0",
+            "{step}"
+        );
         assert_consistent(&d, &engine);
-        assert!(engine.prepare(claim_for("other", "gpu0")).await.is_err(), "{step}");
+        assert!(
+            engine.prepare(claim_for("other", "gpu0")).await.is_err(),
+            "{step}"
+        );
     }
 }
 
@@ -81,7 +108,10 @@ async fn crash_at_every_unprepare_step_then_restart_and_retry() {
             let (engine, _) = open_with(&d, 2, 1, Some(die_at(step))).unwrap();
             engine.container_started("ctr-shared", &[]);
             let err = engine.unprepare("victim").await.unwrap_err();
-            assert!(matches!(err, EngineError::Crashed(p) if p == step), "{step}: {err}");
+            assert!(
+                matches!(err, EngineError::Crashed(p) if p == step),
+                "{step}: {err}"
+            );
         }
         let (engine, _) = open_with(&d, 2, 1, None).unwrap();
         assert_consistent(&d, &engine);

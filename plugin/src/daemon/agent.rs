@@ -195,7 +195,11 @@ impl Agent {
         let mut grant = ContainerGrant::default();
         if let Some(ask) = ask {
             let uid = annotation_claim_uid(&c.id);
-            let claim = ask.to_claim(uid.clone(), &c.pod_namespace, &format!("{}/{}", c.pod_name, c.name));
+            let claim = ask.to_claim(
+                uid.clone(),
+                &c.pod_namespace,
+                &format!("{}/{}", c.pod_name, c.name),
+            );
             let prepared = self
                 .engine
                 .prepare_as(

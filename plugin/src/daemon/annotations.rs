@@ -27,7 +27,9 @@ pub enum AnnotationError {
         reason: String,
     },
     /// The pod asks for accelerators of two vendors; nothing downstream models that.
-    #[error("pod {pod} asks for accelerators of two vendors ({first} and {second}); a pod may use one vendor only: split it into two pods")]
+    #[error(
+        "pod {pod} asks for accelerators of two vendors ({first} and {second}); a pod may use one vendor only: split it into two pods"
+    )]
     MixedVendors {
         /// The pod (namespace/name).
         pod: String,
@@ -63,7 +65,7 @@ impl ContainerAsk {
             ask: Ask::Count(vec![CountRequest {
                 request: "annotation".into(),
                 count: self.count,
-                family: self.family,
+                family: self.family.clone(),
                 selector: self.selector.clone(),
                 profile: self.profile.clone(),
                 shares: self.shares,
@@ -171,7 +173,10 @@ mod tests {
     use super::*;
 
     fn pod(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -185,7 +190,12 @@ mod tests {
 
     #[test]
     fn refuses_unknown_keys_bad_numbers_and_families() {
-        assert!(parse("k", "colour=red").unwrap_err().to_string().contains("unknown key"));
+        assert!(
+            parse("k", "colour=red")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown key")
+        );
         assert!(parse("k", "count=0").is_err());
         assert!(parse("k", "count=-1").is_err());
         assert!(parse("k", "family=fractional").is_err());
@@ -200,9 +210,15 @@ mod tests {
             ("accel.nri.io/container.b", "count=1"),
             ("other/annotation", "x"),
         ]);
-        let a = container_ask("accel.nri.io", "ns/p", &p, "a").unwrap().unwrap();
+        let a = container_ask("accel.nri.io", "ns/p", &p, "a")
+            .unwrap()
+            .unwrap();
         assert_eq!(a.selector.vendor.as_deref(), Some("nvidia"));
-        assert!(container_ask("accel.nri.io", "ns/p", &p, "c").unwrap().is_none());
+        assert!(
+            container_ask("accel.nri.io", "ns/p", &p, "c")
+                .unwrap()
+                .is_none()
+        );
 
         let mixed = pod(&[
             ("accel.nri.io/container.a", "vendor=nvidia"),

@@ -96,12 +96,21 @@ mod tests {
     fn maps_our_cdi_names_back_to_claims() {
         let kind = "accel.nri.io/device";
         assert_eq!(
-            claim_of_cdi_name(kind, "accel.nri.io/device=claim-8c6f8987-f8b8-4534-a163-769716e8e4f6-0"),
+            claim_of_cdi_name(
+                kind,
+                "accel.nri.io/device=claim-8c6f8987-f8b8-4534-a163-769716e8e4f6-0"
+            ),
             Some("8c6f8987-f8b8-4534-a163-769716e8e4f6".into())
         );
         assert_eq!(claim_of_cdi_name(kind, "nvidia.com/gpu=0"), None);
         assert_eq!(claim_of_cdi_name(kind, "accel.nri.io/device=gpu0"), None);
-        assert_eq!(claim_of_cdi_name(kind, "accel.nri.io/device=claim--0"), None);
-        assert_eq!(claim_of_cdi_name(kind, "accel.nri.io/device=claim-a-x"), None);
+        assert_eq!(
+            claim_of_cdi_name(kind, "accel.nri.io/device=claim--0"),
+            None
+        );
+        assert_eq!(
+            claim_of_cdi_name(kind, "accel.nri.io/device=claim-a-x"),
+            None
+        );
     }
 }

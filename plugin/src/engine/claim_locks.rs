@@ -45,7 +45,10 @@ impl Drop for ClaimGuard<'_> {
         drop(self.guard.take());
         let mut map = self.owner.locks.lock().unwrap_or_else(|e| e.into_inner());
         // Only this map and the guard we just dropped held the Arc: nobody waits.
-        if map.get(&self.uid).is_some_and(|l| Arc::strong_count(l) == 1) {
+        if map
+            .get(&self.uid)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
             map.remove(&self.uid);
         }
     }

@@ -73,7 +73,10 @@ impl FromStr for CrashPoint {
             .find(|p| p.name() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = CrashPoint::ALL.iter().map(|p| p.name()).collect();
-                format!("unknown crash step {s:?}; known steps: {}", names.join(", "))
+                format!(
+                    "unknown crash step {s:?}; known steps: {}",
+                    names.join(", ")
+                )
             })
     }
 }

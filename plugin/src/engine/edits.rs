@@ -46,7 +46,17 @@ pub(super) fn to_cdi(e: &policies::ContainerEdits) -> cdi::DeviceEdits {
                 kind: None,
             })
             .collect(),
-        hooks: Vec::new(),
+        hooks: e
+            .hooks
+            .iter()
+            .map(|h| cdi::Hook {
+                hook_name: h.hook_name.clone(),
+                path: h.path.clone(),
+                args: h.args.clone(),
+                env: h.env.clone(),
+                timeout: None,
+            })
+            .collect(),
     }
 }
 
@@ -56,8 +66,8 @@ pub fn node_to_cdi(n: &policies::DeviceNode) -> cdi::DeviceNode {
         path: n.path.clone(),
         host_path: n.host_path.clone(),
         kind: Some(match n.kind {
-            policies::NodeKind::Char => cdi::NodeType::Char,
-            policies::NodeKind::Block => cdi::NodeType::Block,
+            policies::NodeKind::Char => cdi::DeviceKind::Char,
+            policies::NodeKind::Block => cdi::DeviceKind::Block,
         }),
         major: Some(i64::from(n.major)),
         minor: Some(i64::from(n.minor)),

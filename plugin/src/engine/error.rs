@@ -17,7 +17,9 @@ pub enum EngineError {
         reason: String,
     },
     /// The checkpoint could not be written or read.
-    #[error("claim {claim}: checkpoint: {source}; nothing was granted, retry once the state dir is writable")]
+    #[error(
+        "claim {claim}: checkpoint: {source}; nothing was granted, retry once the state dir is writable"
+    )]
     Checkpoint {
         /// Claim being worked on (or `startup`).
         claim: String,
@@ -36,7 +38,9 @@ pub enum EngineError {
     },
     /// The committed records do not fit the policy (a device disappeared, or the
     /// pools changed so that two records overlap).
-    #[error("cannot restore the committed claims into the policy: {0}; the checkpoint was kept: fix the config or inventory, or move the checkpoint aside to start empty")]
+    #[error(
+        "cannot restore the committed claims into the policy: {0}; the checkpoint was kept: fix the config or inventory, or move the checkpoint aside to start empty"
+    )]
     Restore(String),
     /// A crash was injected at this step by a test hook.
     #[error("crash injected at step {0}")]

@@ -194,7 +194,11 @@ impl Engine {
     /// Marks a device found in use by a running container without a record as
     /// held by that container, under a record and spec of its own, so it is never
     /// granted to anyone else while the container lives.
-    pub async fn adopt(&self, container_id: &str, device_id: &str) -> Result<Prepared, EngineError> {
+    pub async fn adopt(
+        &self,
+        container_id: &str,
+        device_id: &str,
+    ) -> Result<Prepared, EngineError> {
         let uid = adopted_claim_uid(container_id, device_id);
         check_uid(&uid)?;
         let _claim = self.claims.lock(&uid).await;
@@ -287,10 +291,10 @@ impl Engine {
                 let specs = self.specs.clone();
                 let id = uid.to_string();
                 let has_spec = blocking(uid, move || specs.exists(&id)).await;
-                if matches!(has_spec, Ok(Ok(false))) {
-                    if let Err(e) = self.roll_back(uid).await {
-                        tracing::error!(claim = %uid, error = %e, "rollback after a failed spec write failed; the periodic reconciliation will retry");
-                    }
+                if matches!(has_spec, Ok(ref r) if spec_absent(r))
+                    && let Err(e) = self.roll_back(uid).await
+                {
+                    tracing::error!(claim = %uid, error = %e, "rollback after a failed spec write failed; the periodic reconciliation will retry");
                 }
                 return Err(EngineError::Spec {
                     claim: uid.to_string(),
@@ -385,7 +389,11 @@ impl Engine {
         }
     }
 
-    async fn commit(&self, uid: &str, changes: Vec<Change<ClaimRecord, PendingUpdate>>) -> Result<(), EngineError> {
+    async fn commit(
+        &self,
+        uid: &str,
+        changes: Vec<Change<ClaimRecord, PendingUpdate>>,
+    ) -> Result<(), EngineError> {
         let journal = self.journal.clone();
         match blocking(uid, move || journal.commit(changes)).await? {
             Ok(()) => Ok(()),
@@ -484,7 +492,12 @@ impl Engine {
                 claim: "reconcile".into(),
                 source,
             })?;
-        let record_uids: Vec<String> = self.state().node.allocations().map(|a| a.claim_uid.clone()).collect();
+        let record_uids: Vec<String> = self
+            .state()
+            .node
+            .allocations()
+            .map(|a| a.claim_uid.clone())
+            .collect();
         let rough = reconcile::plan(record_uids.iter(), spec_uids.iter());
         let mut done = Plan {
             restore: rough.restore,
@@ -495,7 +508,9 @@ impl Engine {
             let still_held = self.state().node.allocation(&uid).is_some();
             let specs = self.specs.clone();
             let id = uid.clone();
-            let has_spec = blocking(&uid, move || specs.exists(&id)).await?.unwrap_or(true);
+            let has_spec = blocking(&uid, move || specs.exists(&id))
+                .await?
+                .unwrap_or(true);
             if still_held && !has_spec {
                 self.roll_back(&uid).await?;
                 done.roll_back.push(uid);
@@ -564,6 +579,17 @@ pub fn adopted_claim_uid(container_id: &str, device_id: &str) -> String {
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
     format!("adopted-{container}-{}", device.trim_matches('-'))
+}
+
+/// Whether a spec existence check proves there is no spec: it answered "no",
+/// or the CDI path is not a directory (then it can hold no spec either). Any
+/// other failure proves nothing, and nothing is rolled back on it.
+fn spec_absent(r: &Result<bool, cdi::CdiError>) -> bool {
+    match r {
+        Ok(exists) => !exists,
+        Err(cdi::CdiError::Io { source, .. }) => source.kind() == std::io::ErrorKind::NotADirectory,
+        Err(_) => false,
+    }
 }
 
 fn check_uid(uid: &str) -> Result<(), EngineError> {

@@ -60,7 +60,9 @@ pub(super) async fn flush(engine: &Engine) -> usize {
     let current = engine.journal.pending();
     let clear: Vec<_> = snapshot
         .iter()
-        .filter(|(c, p)| !failed.contains(*c) && current.get(*c).is_some_and(|now| now.seq == p.seq))
+        .filter(|(c, p)| {
+            !failed.contains(*c) && current.get(*c).is_some_and(|now| now.seq == p.seq)
+        })
         .map(|(c, _)| Change::DeletePending(c.clone()))
         .collect();
     if !clear.is_empty()
