@@ -45,6 +45,14 @@ pub enum MuxError {
     /// The peer used the reserved conn id 0.
     #[error("NRI mux: peer sent a frame for the reserved conn id 0; closing the connection")]
     ReservedConn,
+    /// A ttrpc message header on a conn was malformed or announced a body over 4 MiB.
+    #[error("NRI mux: bad ttrpc message on conn {conn}: {why}; closing the connection")]
+    BadMessage {
+        /// Conn id.
+        conn: u32,
+        /// What was wrong.
+        why: String,
+    },
     /// A conn id was opened twice.
     #[error("NRI mux: conn {0} is already open")]
     ConnInUse(u32),
@@ -61,6 +69,7 @@ pub struct Mux {
     routes: Routes,
     out: mpsc::UnboundedSender<Vec<u8>>,
     closed: watch::Receiver<Option<String>>,
+    closed_tx: Arc<watch::Sender<Option<String>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -73,8 +82,8 @@ impl Mux {
         let (closed_tx, closed) = watch::channel(None);
         let closed_tx = Arc::new(closed_tx);
         let reader = tokio::spawn(read_loop(rd, routes.clone(), closed_tx.clone()));
-        let writer = tokio::spawn(write_loop(wr, out_rx, closed_tx));
-        Mux { routes, out, closed, tasks: vec![reader, writer] }
+        let writer = tokio::spawn(write_loop(wr, out_rx, closed_tx.clone()));
+        Mux { routes, out, closed, closed_tx, tasks: vec![reader, writer] }
     }
 
     /// Opens conn `id` and returns it as a byte stream (AsyncRead + AsyncWrite).
@@ -88,7 +97,15 @@ impl Mux {
             return Err(MuxError::ConnInUse(id));
         }
         routes.insert(id, tx);
-        Ok(MuxConn { id, rx, pending: Vec::new(), pos: 0, out: self.out.clone() })
+        Ok(MuxConn {
+            id,
+            rx,
+            pending: Vec::new(),
+            pos: 0,
+            out: self.out.clone(),
+            guard: MessageGuard::default(),
+            closed: self.closed_tx.clone(),
+        })
     }
 
     /// A watch that turns `Some(reason)` once the socket is closed or failed.
@@ -98,6 +115,9 @@ impl Mux {
 
     /// Closes the socket now: both tasks stop, every conn sees end of stream.
     pub fn close(&self) {
+        if self.closed_tx.borrow().is_none() {
+            self.closed_tx.send_replace(Some("closed locally".into()));
+        }
         for t in &self.tasks {
             t.abort();
         }
@@ -194,6 +214,51 @@ pub struct MuxConn {
     pending: Vec<u8>,
     pos: usize,
     out: mpsc::UnboundedSender<Vec<u8>>,
+    guard: MessageGuard,
+    closed: Arc<watch::Sender<Option<String>>>,
+}
+
+/// Follows the ttrpc message headers in a conn's byte stream so that a peer announcing a body over
+/// 4 MiB or an unknown message type is cut off at once, instead of ttrpc discarding (and waiting
+/// for) up to 4 GiB of announced bytes.
+#[derive(Default)]
+struct MessageGuard {
+    header: [u8; 10],
+    filled: usize,
+    body_left: usize,
+}
+
+/// Largest ttrpc message body.
+const MAX_MESSAGE_BODY: usize = 4 * 1024 * 1024;
+
+impl MessageGuard {
+    fn check(&mut self, mut data: &[u8]) -> Result<(), String> {
+        while !data.is_empty() {
+            if self.body_left > 0 {
+                let n = self.body_left.min(data.len());
+                self.body_left -= n;
+                data = &data[n..];
+                continue;
+            }
+            let n = (10 - self.filled).min(data.len());
+            self.header[self.filled..self.filled + n].copy_from_slice(&data[..n]);
+            self.filled += n;
+            data = &data[n..];
+            if self.filled == 10 {
+                self.filled = 0;
+                let h = &self.header;
+                let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                if len > MAX_MESSAGE_BODY {
+                    return Err(format!("message body of {len} bytes over the 4 MiB limit"));
+                }
+                if !(1..=3).contains(&h[8]) {
+                    return Err(format!("unknown message type {}", h[8]));
+                }
+                self.body_left = len;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl MuxConn {
@@ -213,6 +278,13 @@ impl AsyncRead for MuxConn {
         if this.pos >= this.pending.len() {
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(data)) => {
+                    if let Err(why) = this.guard.check(&data) {
+                        let e = MuxError::BadMessage { conn: this.id, why };
+                        tracing::error!(error = %e, "NRI connection failed");
+                        this.closed.send_replace(Some(e.to_string()));
+                        this.rx.close();
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())));
+                    }
                     this.pending = data;
                     this.pos = 0;
                 }
