@@ -288,7 +288,10 @@ impl Stub {
         let mut close = self.close.subscribe();
         let result = tokio::select! {
             r = client.register_plugin(ctx, &req) => r.map_err(|source| StubError::Call { call: "RegisterPlugin", source }),
-            _ = closed.wait_for(|c| c.is_some()) => Err(StubError::NotConfigured("connection closed during registration".into())),
+            r = closed.wait_for(|c| c.is_some()) => {
+                let why = r.ok().and_then(|c| c.clone()).unwrap_or_default();
+                Err(StubError::NotConfigured(format!("connection closed during registration: {why}")))
+            }
             _ = close.wait_for(|c| *c) => Ok(Default::default()),
         };
         let mut configured = false;
