@@ -21,7 +21,10 @@ fn main() -> std::io::Result<()> {
     for name in ["nri.rs", "nri_ttrpc.rs"] {
         let path = out.join(name);
         let text = std::fs::read_to_string(&path)?;
-        let kept: Vec<&str> = text.lines().filter(|l| !l.starts_with("#![") && !l.starts_with("//!")).collect();
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("#![") && !l.starts_with("//!"))
+            .collect();
         std::fs::write(&path, kept.join("\n"))?;
     }
     Ok(())

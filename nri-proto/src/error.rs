@@ -40,7 +40,9 @@ pub enum StubError {
     #[error("invalid NRI plugin index {0:?}: use exactly two digits, e.g. \"10\"")]
     InvalidIndex(String),
     /// Neither a socket path nor a pre-connected socket was given.
-    #[error("no NRI socket: call .socket(path) or run under the runtime with NRI_PLUGIN_SOCKET set")]
+    #[error(
+        "no NRI socket: call .socket(path) or run under the runtime with NRI_PLUGIN_SOCKET set"
+    )]
     NoSocket,
     /// `NRI_PLUGIN_SOCKET` holds something other than a file descriptor number.
     #[error("NRI_PLUGIN_SOCKET={0:?} is not a file descriptor number")]

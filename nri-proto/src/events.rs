@@ -25,7 +25,11 @@ impl EventMask {
     /// Adds `event` (UNKNOWN and LAST are not events and are ignored).
     pub fn with(self, event: Event) -> EventMask {
         let n = event as i32;
-        if (1..=14).contains(&n) { EventMask(self.0 | 1 << (n - 1)) } else { self }
+        if (1..=14).contains(&n) {
+            EventMask(self.0 | 1 << (n - 1))
+        } else {
+            self
+        }
     }
 
     /// Whether `event` is in the set.
@@ -88,7 +92,13 @@ mod tests {
         assert_eq!(valid_mask_for("garbage"), MASK_PRE_V0_10);
         let m = EventMask::of(&[Event::CREATE_CONTAINER, Event::UPDATE_POD_SANDBOX]);
         assert_eq!(m.bits(), 1 << 3 | 1 << 11);
-        assert!(!m.intersect(MASK_PRE_V0_10).contains(Event::UPDATE_POD_SANDBOX));
-        assert!(m.intersect(MASK_PRE_V0_10).contains(Event::CREATE_CONTAINER));
+        assert!(
+            !m.intersect(MASK_PRE_V0_10)
+                .contains(Event::UPDATE_POD_SANDBOX)
+        );
+        assert!(
+            m.intersect(MASK_PRE_V0_10)
+                .contains(Event::CREATE_CONTAINER)
+        );
     }
 }

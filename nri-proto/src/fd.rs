@@ -11,7 +11,10 @@ pub(crate) fn take_socket_fd(fd: RawFd) -> std::io::Result<std::os::unix::net::U
     )
     .map_err(std::io::Error::from)?;
     if st.st_mode & libc_sock_mask() != libc_sock_mode() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("fd {fd} is not a socket")));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("fd {fd} is not a socket"),
+        ));
     }
     // SAFETY: the fd is open (fstat succeeded) and is a socket; the stub takes it exactly once
     // (the builder consumes NRI_PLUGIN_SOCKET) so no other owner closes it.

@@ -26,7 +26,15 @@ mod service;
 mod stub;
 
 /// Code generated from `proto/nri.proto` at build time (messages and ttrpc services).
-#[allow(warnings, missing_docs, clippy::all, clippy::pedantic, non_snake_case, non_camel_case_types, non_upper_case_globals)]
+#[allow(
+    warnings,
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    non_snake_case,
+    non_camel_case_types,
+    non_upper_case_globals
+)]
 pub mod generated {
     /// NRI messages.
     pub mod nri {
@@ -46,5 +54,8 @@ pub mod api {
 pub use error::{PluginError, StubError};
 pub use events::{EventMask, MASK_PRE_V0_10, MASK_V0_10, parse_nri_version, valid_mask_for};
 pub use plugin::Plugin;
-pub use stub::{DEFAULT_SOCKET, NRI_VERSION, Stub, StubBuilder, StubEvent, Updater, validate_index, validate_name};
 pub use protobuf;
+pub use stub::{
+    DEFAULT_SOCKET, NRI_VERSION, Stub, StubBuilder, StubEvent, Updater, validate_index,
+    validate_name,
+};

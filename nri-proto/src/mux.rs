@@ -35,7 +35,9 @@ pub const FRAME_HEADER_LEN: usize = 8;
 #[derive(Debug, thiserror::Error)]
 pub enum MuxError {
     /// The peer announced a frame larger than the protocol allows.
-    #[error("NRI mux: peer sent a frame of {len} bytes for conn {conn}, over the {MAX_FRAME_PAYLOAD}-byte limit; closing the connection")]
+    #[error(
+        "NRI mux: peer sent a frame of {len} bytes for conn {conn}, over the {MAX_FRAME_PAYLOAD}-byte limit; closing the connection"
+    )]
     FrameTooLarge {
         /// Conn id from the frame header.
         conn: u32,
@@ -83,7 +85,13 @@ impl Mux {
         let closed_tx = Arc::new(closed_tx);
         let reader = tokio::spawn(read_loop(rd, routes.clone(), closed_tx.clone()));
         let writer = tokio::spawn(write_loop(wr, out_rx, closed_tx.clone()));
-        Mux { routes, out, closed, closed_tx, tasks: vec![reader, writer] }
+        Mux {
+            routes,
+            out,
+            closed,
+            closed_tx,
+            tasks: vec![reader, writer],
+        }
     }
 
     /// Opens conn `id` and returns it as a byte stream (AsyncRead + AsyncWrite).
@@ -121,7 +129,10 @@ impl Mux {
         for t in &self.tasks {
             t.abort();
         }
-        self.routes.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }
 
@@ -148,10 +159,7 @@ async fn read_loop(
     closed.send_replace(Some(reason));
 }
 
-async fn read_frames(
-    rd: &mut (impl AsyncRead + Unpin),
-    routes: &Routes,
-) -> Result<(), MuxError> {
+async fn read_frames(rd: &mut (impl AsyncRead + Unpin), routes: &Routes) -> Result<(), MuxError> {
     let mut header = [0u8; FRAME_HEADER_LEN];
     loop {
         match rd.read_exact(&mut header).await {
@@ -169,7 +177,11 @@ async fn read_frames(
         }
         let mut payload = vec![0u8; len as usize];
         rd.read_exact(&mut payload).await?;
-        let route = routes.lock().unwrap_or_else(|e| e.into_inner()).get(&conn).cloned();
+        let route = routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&conn)
+            .cloned();
         match route {
             Some(tx) if !payload.is_empty() => {
                 // A conn dropped by its user just loses its data, like an unknown conn.
@@ -283,7 +295,10 @@ impl AsyncRead for MuxConn {
                         tracing::error!(error = %e, "NRI connection failed");
                         this.closed.send_replace(Some(e.to_string()));
                         this.rx.close();
-                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())));
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            e.to_string(),
+                        )));
                     }
                     this.pending = data;
                     this.pos = 0;
@@ -300,12 +315,21 @@ impl AsyncRead for MuxConn {
 }
 
 impl AsyncWrite for MuxConn {
-    fn poll_write(self: Pin<&mut Self>, _cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        let mut framed = Vec::with_capacity(data.len() + FRAME_HEADER_LEN * data.len().div_ceil(MAX_WRITE_FRAME).max(1));
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut framed = Vec::with_capacity(
+            data.len() + FRAME_HEADER_LEN * data.len().div_ceil(MAX_WRITE_FRAME).max(1),
+        );
         encode_frames(self.id, data, &mut framed);
         match self.out.send(framed) {
             Ok(()) => Poll::Ready(Ok(data.len())),
-            Err(_) => Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "NRI connection closed"))),
+            Err(_) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "NRI connection closed",
+            ))),
         }
     }
 
@@ -344,11 +368,18 @@ mod tests {
         let mux = Mux::new(a);
         let mut conn = mux.open(1).unwrap();
         let mut closed = mux.closed();
-        b.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff]).await.unwrap();
+        b.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff])
+            .await
+            .unwrap();
         let mut buf = Vec::new();
         conn.read_to_end(&mut buf).await.unwrap();
         assert!(buf.is_empty());
-        let reason = closed.wait_for(|r| r.is_some()).await.unwrap().clone().unwrap();
+        let reason = closed
+            .wait_for(|r| r.is_some())
+            .await
+            .unwrap()
+            .clone()
+            .unwrap();
         assert!(reason.contains("over the"), "{reason}");
     }
 

@@ -83,17 +83,29 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// A container was created.
-    async fn post_create_container(&self, _pod: PodSandbox, _container: Container) -> Result<(), PluginError> {
+    async fn post_create_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 
     /// A container is being started.
-    async fn start_container(&self, _pod: PodSandbox, _container: Container) -> Result<(), PluginError> {
+    async fn start_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 
     /// A container was started.
-    async fn post_start_container(&self, _pod: PodSandbox, _container: Container) -> Result<(), PluginError> {
+    async fn post_start_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 
@@ -108,7 +120,11 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// A container's resources were updated.
-    async fn post_update_container(&self, _pod: PodSandbox, _container: Container) -> Result<(), PluginError> {
+    async fn post_update_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 
@@ -122,7 +138,11 @@ pub trait Plugin: Send + Sync + 'static {
     }
 
     /// A container was removed.
-    async fn remove_container(&self, _pod: PodSandbox, _container: Container) -> Result<(), PluginError> {
+    async fn remove_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 

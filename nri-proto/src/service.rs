@@ -28,7 +28,11 @@ pub(crate) struct PluginService<P: Plugin> {
 
 impl<P: Plugin> PluginService<P> {
     pub(crate) fn new(plugin: Arc<P>, notify: Notifier) -> Self {
-        PluginService { plugin, notify, pages: Mutex::new(SyncPages::default()) }
+        PluginService {
+            plugin,
+            notify,
+            pages: Mutex::new(SyncPages::default()),
+        }
     }
 }
 
@@ -100,7 +104,11 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         Ok(resp)
     }
 
-    async fn synchronize(&self, _ctx: &TtrpcContext, req: SynchronizeRequest) -> R<SynchronizeResponse> {
+    async fn synchronize(
+        &self,
+        _ctx: &TtrpcContext,
+        req: SynchronizeRequest,
+    ) -> R<SynchronizeResponse> {
         let (pods, containers) = {
             let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
             pages.pods.extend(req.pods);
@@ -115,7 +123,10 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         };
         let (n_pods, n_containers) = (pods.len(), containers.len());
         let update = lift(self.plugin.synchronize(pods, containers).await)?;
-        self.notify.send(StubEvent::Synchronized { pods: n_pods, containers: n_containers });
+        self.notify.send(StubEvent::Synchronized {
+            pods: n_pods,
+            containers: n_containers,
+        });
         let mut resp = SynchronizeResponse::new();
         resp.update = update;
         Ok(resp)
@@ -126,16 +137,32 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         Ok(Empty::new())
     }
 
-    async fn run_pod_sandbox(&self, _: &TtrpcContext, mut req: RunPodSandboxRequest) -> R<RunPodSandboxResponse> {
-        lift(self.plugin.run_pod_sandbox(req.pod.take().unwrap_or_default()).await)?;
+    async fn run_pod_sandbox(
+        &self,
+        _: &TtrpcContext,
+        mut req: RunPodSandboxRequest,
+    ) -> R<RunPodSandboxResponse> {
+        lift(
+            self.plugin
+                .run_pod_sandbox(req.pod.take().unwrap_or_default())
+                .await,
+        )?;
         Ok(RunPodSandboxResponse::new())
     }
 
-    async fn update_pod_sandbox(&self, _: &TtrpcContext, mut req: UpdatePodSandboxRequest) -> R<UpdatePodSandboxResponse> {
+    async fn update_pod_sandbox(
+        &self,
+        _: &TtrpcContext,
+        mut req: UpdatePodSandboxRequest,
+    ) -> R<UpdatePodSandboxResponse> {
         let pod = req.pod.take().unwrap_or_default();
         lift(
             self.plugin
-                .update_pod_sandbox(pod, req.overhead_linux_resources.take(), req.linux_resources.take())
+                .update_pod_sandbox(
+                    pod,
+                    req.overhead_linux_resources.take(),
+                    req.linux_resources.take(),
+                )
                 .await,
         )?;
         Ok(UpdatePodSandboxResponse::new())
@@ -146,12 +173,24 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         _: &TtrpcContext,
         mut req: PostUpdatePodSandboxRequest,
     ) -> R<PostUpdatePodSandboxResponse> {
-        lift(self.plugin.post_update_pod_sandbox(req.pod.take().unwrap_or_default()).await)?;
+        lift(
+            self.plugin
+                .post_update_pod_sandbox(req.pod.take().unwrap_or_default())
+                .await,
+        )?;
         Ok(PostUpdatePodSandboxResponse::new())
     }
 
-    async fn stop_pod_sandbox(&self, _: &TtrpcContext, mut req: StopPodSandboxRequest) -> R<StopPodSandboxResponse> {
-        lift(self.plugin.stop_pod_sandbox(req.pod.take().unwrap_or_default()).await)?;
+    async fn stop_pod_sandbox(
+        &self,
+        _: &TtrpcContext,
+        mut req: StopPodSandboxRequest,
+    ) -> R<StopPodSandboxResponse> {
+        lift(
+            self.plugin
+                .stop_pod_sandbox(req.pod.take().unwrap_or_default())
+                .await,
+        )?;
         Ok(StopPodSandboxResponse::new())
     }
 
@@ -160,11 +199,19 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         _: &TtrpcContext,
         mut req: RemovePodSandboxRequest,
     ) -> R<RemovePodSandboxResponse> {
-        lift(self.plugin.remove_pod_sandbox(req.pod.take().unwrap_or_default()).await)?;
+        lift(
+            self.plugin
+                .remove_pod_sandbox(req.pod.take().unwrap_or_default())
+                .await,
+        )?;
         Ok(RemovePodSandboxResponse::new())
     }
 
-    async fn create_container(&self, _: &TtrpcContext, mut req: CreateContainerRequest) -> R<CreateContainerResponse> {
+    async fn create_container(
+        &self,
+        _: &TtrpcContext,
+        mut req: CreateContainerRequest,
+    ) -> R<CreateContainerResponse> {
         let pod = req.pod.take().unwrap_or_default();
         let container = req.container.take().unwrap_or_default();
         let (adjust, update) = lift(self.plugin.create_container(pod, container).await)?;
@@ -179,13 +226,23 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         _: &TtrpcContext,
         mut req: PostCreateContainerRequest,
     ) -> R<PostCreateContainerResponse> {
-        let (p, c) = (req.pod.take().unwrap_or_default(), req.container.take().unwrap_or_default());
+        let (p, c) = (
+            req.pod.take().unwrap_or_default(),
+            req.container.take().unwrap_or_default(),
+        );
         lift(self.plugin.post_create_container(p, c).await)?;
         Ok(PostCreateContainerResponse::new())
     }
 
-    async fn start_container(&self, _: &TtrpcContext, mut req: StartContainerRequest) -> R<StartContainerResponse> {
-        let (p, c) = (req.pod.take().unwrap_or_default(), req.container.take().unwrap_or_default());
+    async fn start_container(
+        &self,
+        _: &TtrpcContext,
+        mut req: StartContainerRequest,
+    ) -> R<StartContainerResponse> {
+        let (p, c) = (
+            req.pod.take().unwrap_or_default(),
+            req.container.take().unwrap_or_default(),
+        );
         lift(self.plugin.start_container(p, c).await)?;
         Ok(StartContainerResponse::new())
     }
@@ -195,14 +252,28 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         _: &TtrpcContext,
         mut req: PostStartContainerRequest,
     ) -> R<PostStartContainerResponse> {
-        let (p, c) = (req.pod.take().unwrap_or_default(), req.container.take().unwrap_or_default());
+        let (p, c) = (
+            req.pod.take().unwrap_or_default(),
+            req.container.take().unwrap_or_default(),
+        );
         lift(self.plugin.post_start_container(p, c).await)?;
         Ok(PostStartContainerResponse::new())
     }
 
-    async fn update_container(&self, _: &TtrpcContext, mut req: UpdateContainerRequest) -> R<UpdateContainerResponse> {
-        let (p, c) = (req.pod.take().unwrap_or_default(), req.container.take().unwrap_or_default());
-        let (update, evict) = lift(self.plugin.update_container(p, c, req.linux_resources.take()).await)?;
+    async fn update_container(
+        &self,
+        _: &TtrpcContext,
+        mut req: UpdateContainerRequest,
+    ) -> R<UpdateContainerResponse> {
+        let (p, c) = (
+            req.pod.take().unwrap_or_default(),
+            req.container.take().unwrap_or_default(),
+        );
+        let (update, evict) = lift(
+            self.plugin
+                .update_container(p, c, req.linux_resources.take())
+                .await,
+        )?;
         let mut resp = UpdateContainerResponse::new();
         resp.update = update;
         resp.evict = evict;
@@ -214,21 +285,38 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         _: &TtrpcContext,
         mut req: PostUpdateContainerRequest,
     ) -> R<PostUpdateContainerResponse> {
-        let (p, c) = (req.pod.take().unwrap_or_default(), req.container.take().unwrap_or_default());
+        let (p, c) = (
+            req.pod.take().unwrap_or_default(),
+            req.container.take().unwrap_or_default(),
+        );
         lift(self.plugin.post_update_container(p, c).await)?;
         Ok(PostUpdateContainerResponse::new())
     }
 
-    async fn stop_container(&self, _: &TtrpcContext, mut req: StopContainerRequest) -> R<StopContainerResponse> {
-        let (p, c) = (req.pod.take().unwrap_or_default(), req.container.take().unwrap_or_default());
+    async fn stop_container(
+        &self,
+        _: &TtrpcContext,
+        mut req: StopContainerRequest,
+    ) -> R<StopContainerResponse> {
+        let (p, c) = (
+            req.pod.take().unwrap_or_default(),
+            req.container.take().unwrap_or_default(),
+        );
         let update = lift(self.plugin.stop_container(p, c).await)?;
         let mut resp = StopContainerResponse::new();
         resp.update = update;
         Ok(resp)
     }
 
-    async fn remove_container(&self, _: &TtrpcContext, mut req: RemoveContainerRequest) -> R<RemoveContainerResponse> {
-        let (p, c) = (req.pod.take().unwrap_or_default(), req.container.take().unwrap_or_default());
+    async fn remove_container(
+        &self,
+        _: &TtrpcContext,
+        mut req: RemoveContainerRequest,
+    ) -> R<RemoveContainerResponse> {
+        let (p, c) = (
+            req.pod.take().unwrap_or_default(),
+            req.container.take().unwrap_or_default(),
+        );
         lift(self.plugin.remove_container(p, c).await)?;
         Ok(RemoveContainerResponse::new())
     }

@@ -9,7 +9,9 @@ use tokio::net::UnixStream;
 use tokio::sync::{broadcast, watch};
 use ttrpc::r#async::transport::{Listener, Socket};
 
-use crate::api::{ContainerEviction, ContainerUpdate, RegisterPluginRequest, UpdateContainersRequest};
+use crate::api::{
+    ContainerEviction, ContainerUpdate, RegisterPluginRequest, UpdateContainersRequest,
+};
 use crate::error::StubError;
 use crate::generated::nri_ttrpc::{RuntimeClient, create_plugin};
 use crate::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
@@ -141,9 +143,13 @@ impl StubBuilder {
             index: self.index,
             socket: self.socket,
             stream: Mutex::new(self.stream),
-            backoff: self.backoff.unwrap_or((Duration::from_millis(100), Duration::from_secs(5))),
+            backoff: self
+                .backoff
+                .unwrap_or((Duration::from_millis(100), Duration::from_secs(5))),
             notify: Notifier(tx),
-            updater: Updater { client: Arc::new(Mutex::new(None)) },
+            updater: Updater {
+                client: Arc::new(Mutex::new(None)),
+            },
             close: close_tx,
         })
     }
@@ -152,8 +158,14 @@ impl StubBuilder {
 /// Checks a plugin name: non-empty, only `[a-zA-Z0-9_.+-]`.
 pub fn validate_name(name: &str) -> Result<(), StubError> {
     let ok = !name.is_empty()
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'+' | b'-'));
-    if ok { Ok(()) } else { Err(StubError::InvalidName(name.to_string())) }
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'+' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StubError::InvalidName(name.to_string()))
+    }
 }
 
 /// Checks a plugin index: exactly two ASCII digits.
@@ -180,7 +192,11 @@ impl Updater {
         update: Vec<ContainerUpdate>,
         evict: Vec<ContainerEviction>,
     ) -> Result<Vec<ContainerUpdate>, StubError> {
-        let client = self.client.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let client = self
+            .client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let client = client.ok_or(StubError::NotConnected)?;
         let mut req = UpdateContainersRequest::new();
         req.update = update;
@@ -189,7 +205,10 @@ impl Updater {
         let resp = client
             .update_containers(ctx, &req)
             .await
-            .map_err(|source| StubError::Call { call: "UpdateContainers", source })?;
+            .map_err(|source| StubError::Call {
+                call: "UpdateContainers",
+                source,
+            })?;
         Ok(resp.failed)
     }
 
@@ -262,8 +281,12 @@ impl Stub {
     pub async fn connect_once<P: Plugin>(&self, plugin: Arc<P>) -> Result<(), StubError> {
         let stream = self.open_stream().await?;
         let mux = Mux::new(stream);
-        let conn1 = mux.open(PLUGIN_SERVICE_CONN).map_err(|e| StubError::Transport(e.to_string()))?;
-        let conn2 = mux.open(RUNTIME_SERVICE_CONN).map_err(|e| StubError::Transport(e.to_string()))?;
+        let conn1 = mux
+            .open(PLUGIN_SERVICE_CONN)
+            .map_err(|e| StubError::Transport(e.to_string()))?;
+        let conn2 = mux
+            .open(RUNTIME_SERVICE_CONN)
+            .map_err(|e| StubError::Transport(e.to_string()))?;
         let mut events = self.subscribe();
 
         // Serve conn 1 before registering: the runtime may send Configure before it replies.
@@ -275,7 +298,10 @@ impl Stub {
         let mut server = ttrpc::r#async::Server::new()
             .register_service(create_plugin(Arc::new(service)))
             .add_listener(listener);
-        server.start().await.map_err(|e| StubError::Transport(e.to_string()))?;
+        server
+            .start()
+            .await
+            .map_err(|e| StubError::Transport(e.to_string()))?;
         let client = RuntimeClient::new(ttrpc::r#async::Client::new(Socket::new(conn2)));
         self.notify.send(StubEvent::Connected);
 
@@ -306,19 +332,31 @@ impl Stub {
         while let Ok(e) = events.try_recv() {
             configured |= matches!(e, StubEvent::Configured { .. });
         }
-        let reason = closed.borrow().clone().unwrap_or_else(|| "closed by the plugin".into());
+        let reason = closed
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| "closed by the plugin".into());
         mux.close();
         let _ = tokio::time::timeout(Duration::from_secs(1), server.shutdown()).await;
-        self.notify.send(StubEvent::Disconnected { reason: reason.clone() });
+        self.notify.send(StubEvent::Disconnected {
+            reason: reason.clone(),
+        });
         result?;
-        if configured || *self.close.borrow() { Ok(()) } else { Err(StubError::NotConfigured(reason)) }
+        if configured || *self.close.borrow() {
+            Ok(())
+        } else {
+            Err(StubError::NotConfigured(reason))
+        }
     }
 
     async fn open_stream(&self) -> Result<UnixStream, StubError> {
         if let Some(path) = &self.socket {
             return UnixStream::connect(path)
                 .await
-                .map_err(|source| StubError::Connect { path: path.clone(), source });
+                .map_err(|source| StubError::Connect {
+                    path: path.clone(),
+                    source,
+                });
         }
         let std = self.stream.lock().unwrap_or_else(|e| e.into_inner()).take();
         let std = std.ok_or(StubError::InheritedUsed)?;

@@ -22,10 +22,15 @@ pub fn container(n: usize, pod: &PodSandbox, padding: usize) -> Container {
     c.pod_sandbox_id = pod.id.clone();
     c.name = format!("main-{n}");
     c.state = ContainerState::CONTAINER_RUNNING.into();
-    c.labels.insert("io.kubernetes.container.name".into(), c.name.clone());
-    c.annotations.insert("fixture/padding".into(), "x".repeat(padding));
+    c.labels
+        .insert("io.kubernetes.container.name".into(), c.name.clone());
+    c.annotations
+        .insert("fixture/padding".into(), "x".repeat(padding));
     c.args = vec!["/bin/app".into(), "--serve".into()];
-    c.env = vec!["PATH=/usr/bin:/bin".into(), format!("HOSTNAME={}", pod.name)];
+    c.env = vec![
+        "PATH=/usr/bin:/bin".into(),
+        format!("HOSTNAME={}", pod.name),
+    ];
     let mut linux = LinuxContainer::new();
     linux.cgroups_path = format!("kubepods-pod{}.slice:cri:{}", pod.uid, c.id);
     c.linux = MessageField::some(linux);
@@ -36,6 +41,8 @@ pub fn container(n: usize, pod: &PodSandbox, padding: usize) -> Container {
 /// `n` containers spread over `n / 4 + 1` pods.
 pub fn node_state(n: usize, padding: usize) -> (Vec<PodSandbox>, Vec<Container>) {
     let pods: Vec<PodSandbox> = (0..n / 4 + 1).map(pod).collect();
-    let containers = (0..n).map(|i| container(i, &pods[i / 4], padding)).collect();
+    let containers = (0..n)
+        .map(|i| container(i, &pods[i / 4], padding))
+        .collect();
     (pods, containers)
 }

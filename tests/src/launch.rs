@@ -7,7 +7,11 @@ use std::os::unix::process::CommandExt;
 
 /// Spawns `program` with `fd` duplicated onto fd 3, `NRI_PLUGIN_SOCKET=3` and `env`, and nothing
 /// else in its environment (as containerd launches pre-installed plugins).
-pub fn spawn_with_fd3(program: &str, fd: RawFd, env: &[(&str, &str)]) -> std::io::Result<tokio::process::Child> {
+pub fn spawn_with_fd3(
+    program: &str,
+    fd: RawFd,
+    env: &[(&str, &str)],
+) -> std::io::Result<tokio::process::Child> {
     let mut cmd = std::process::Command::new(program);
     cmd.env_clear().env("NRI_PLUGIN_SOCKET", "3");
     for (k, v) in env {
@@ -20,7 +24,9 @@ pub fn spawn_with_fd3(program: &str, fd: RawFd, env: &[(&str, &str)]) -> std::io
             let old = std::os::fd::BorrowedFd::borrow_raw(fd);
             if fd == 3 {
                 let flags = nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty());
-                return nix::fcntl::fcntl(old, flags).map(|_| ()).map_err(std::io::Error::from);
+                return nix::fcntl::fcntl(old, flags)
+                    .map(|_| ())
+                    .map_err(std::io::Error::from);
             }
             // fd 3 must stay open in the child: give up ownership of the duplicate.
             nix::unistd::dup2_raw(old, 3)
@@ -30,5 +36,7 @@ pub fn spawn_with_fd3(program: &str, fd: RawFd, env: &[(&str, &str)]) -> std::io
                 .map_err(std::io::Error::from)
         });
     }
-    tokio::process::Command::from(cmd).kill_on_drop(true).spawn()
+    tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
 }

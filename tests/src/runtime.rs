@@ -153,7 +153,10 @@ impl FakeRuntime {
     }
 
     /// Listens on `socket_path` with `config`.
-    pub async fn start_with(socket_path: impl AsRef<Path>, config: RuntimeConfig) -> std::io::Result<FakeRuntime> {
+    pub async fn start_with(
+        socket_path: impl AsRef<Path>,
+        config: RuntimeConfig,
+    ) -> std::io::Result<FakeRuntime> {
         let rt = FakeRuntime::new(config);
         rt.listen(socket_path.as_ref())?;
         Ok(rt)
@@ -169,7 +172,11 @@ impl FakeRuntime {
                 rt.attach(stream);
             }
         });
-        *self.inner.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), task));
+        *self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((path.to_path_buf(), task));
         Ok(())
     }
 
@@ -184,12 +191,21 @@ impl FakeRuntime {
 
     /// Simulates the runtime going away: stops listening, removes the socket, drops the plugin.
     pub async fn stop(&self) {
-        let l = self.inner.listener.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let l = self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some((path, task)) = l {
             task.abort();
             let _ = task.await;
             let _ = std::fs::remove_file(&path);
-            *self.inner.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some((path, tokio::spawn(async {})));
+            *self
+                .inner
+                .listener
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some((path, tokio::spawn(async {})));
         }
         self.drop_plugin("runtime stopped");
     }
@@ -197,7 +213,13 @@ impl FakeRuntime {
     /// Simulates a runtime restart: [`FakeRuntime::stop`], then listens again on the same path.
     pub async fn restart(&self) -> std::io::Result<()> {
         self.stop().await;
-        let path = self.inner.listener.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(p, _)| p.clone());
+        let path = self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(p, _)| p.clone());
         match path {
             Some(p) => self.listen(&p),
             None => Ok(()),
@@ -205,7 +227,11 @@ impl FakeRuntime {
     }
 
     /// Waits until `n` Synchronizes in total have completed (registration included).
-    pub async fn wait_synchronized(&self, n: usize, timeout: Duration) -> Result<PluginInfo, FakeError> {
+    pub async fn wait_synchronized(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<PluginInfo, FakeError> {
         let mut rx = self.inner.synced.subscribe();
         tokio::time::timeout(timeout, rx.wait_for(|c| *c >= n))
             .await
@@ -216,7 +242,12 @@ impl FakeRuntime {
 
     /// The registered plugin, if any.
     pub fn plugin(&self) -> Option<PluginInfo> {
-        let p = self.inner.plugin.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let p = self
+            .inner
+            .plugin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         p.map(|p| p.info.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
@@ -265,11 +296,21 @@ impl FakeRuntime {
     }
 
     fn current(&self) -> Result<Arc<PluginConn>, FakeError> {
-        self.inner.plugin.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or(FakeError::NoPlugin)
+        self.inner
+            .plugin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(FakeError::NoPlugin)
     }
 
     fn drop_plugin(&self, why: &str) {
-        let p = self.inner.plugin.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let p = self
+            .inner
+            .plugin
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         if let Some(p) = p {
             self.state().errors.push(why.to_string());
             p.kill.send_replace(true);
@@ -343,7 +384,10 @@ impl FakeRuntime {
 
     fn lost(&self, conn: &Arc<PluginConn>, why: &str) {
         conn.kill.send_replace(true);
-        conn.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        conn.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         let mut cur = self.inner.plugin.lock().unwrap_or_else(|e| e.into_inner());
         if cur.as_ref().is_some_and(|p| Arc::ptr_eq(p, conn)) {
             *cur = None;
@@ -373,7 +417,11 @@ impl FakeRuntime {
                     return;
                 }
             };
-            let tx = conn.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&sid);
+            let tx = conn
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&sid);
             if let Some(tx) = tx {
                 let _ = tx.send(resp);
             }
@@ -407,15 +455,27 @@ impl FakeRuntime {
             let c = conn.clone();
             tokio::spawn(async move {
                 let resp = rt.handle_runtime_call(&c, req).await;
-                let _ = c.out.send(wire::frame_message(2, sid, wire::TYPE_RESPONSE, &resp.encode()));
+                let _ = c.out.send(wire::frame_message(
+                    2,
+                    sid,
+                    wire::TYPE_RESPONSE,
+                    &resp.encode(),
+                ));
             });
         }
     }
 
     async fn handle_runtime_call(&self, conn: &Arc<PluginConn>, req: Request) -> Response {
-        let err = |code, message: String| Response { code, message, payload: Vec::new() };
+        let err = |code, message: String| Response {
+            code,
+            message,
+            payload: Vec::new(),
+        };
         if req.service != RUNTIME_SERVICE {
-            return err(CODE_UNIMPLEMENTED, format!("unknown service {}", req.service));
+            return err(
+                CODE_UNIMPLEMENTED,
+                format!("unknown service {}", req.service),
+            );
         }
         match req.method.as_str() {
             "RegisterPlugin" => {
@@ -423,7 +483,10 @@ impl FakeRuntime {
                     return err(CODE_UNKNOWN, "bad RegisterPluginRequest".into());
                 };
                 match self.register(conn, r).await {
-                    Ok(()) => Response { payload: Vec::new(), ..Default::default() },
+                    Ok(()) => Response {
+                        payload: Vec::new(),
+                        ..Default::default()
+                    },
                     Err(e) => {
                         self.fail(conn, format!("registration failed: {e}"));
                         err(CODE_UNKNOWN, e.to_string())
@@ -443,7 +506,10 @@ impl FakeRuntime {
                     }
                     st.updates.push(r);
                 }
-                Response { payload: resp.write_to_bytes().unwrap_or_default(), ..Default::default() }
+                Response {
+                    payload: resp.write_to_bytes().unwrap_or_default(),
+                    ..Default::default()
+                }
             }
             m => err(CODE_UNIMPLEMENTED, format!("unknown method {m}")),
         }
@@ -451,10 +517,17 @@ impl FakeRuntime {
 
     /// Registration as the Go runtime does it: Configure goes out before the RegisterPlugin reply,
     /// then Synchronize. The plugin becomes current once configured.
-    async fn register(&self, conn: &Arc<PluginConn>, r: RegisterPluginRequest) -> Result<(), FakeError> {
+    async fn register(
+        &self,
+        conn: &Arc<PluginConn>,
+        r: RegisterPluginRequest,
+    ) -> Result<(), FakeError> {
         let idx_ok = r.plugin_idx.len() == 2 && r.plugin_idx.bytes().all(|b| b.is_ascii_digit());
         if !idx_ok || r.plugin_name.is_empty() {
-            return Err(FakeError::Wire(format!("invalid plugin name {:?} or index {:?}", r.plugin_name, r.plugin_idx)));
+            return Err(FakeError::Wire(format!(
+                "invalid plugin name {:?} or index {:?}",
+                r.plugin_name, r.plugin_idx
+            )));
         }
         {
             let mut info = conn.info.lock().unwrap_or_else(|e| e.into_inner());
@@ -470,7 +543,9 @@ impl FakeRuntime {
         creq.registration_timeout = cfg.registration_timeout.as_millis() as i64;
         creq.request_timeout = cfg.request_timeout.as_millis() as i64;
         creq.NRI_version = cfg.nri_version.clone();
-        let resp: ConfigureResponse = self.call_on(conn, "Configure", &creq, cfg.request_timeout).await?;
+        let resp: ConfigureResponse = self
+            .call_on(conn, "Configure", &creq, cfg.request_timeout)
+            .await?;
         let valid = nri_mask_for(&cfg.nri_version);
         let events = resp.events as u32;
         if events & !valid != 0 {
@@ -509,7 +584,9 @@ impl FakeRuntime {
             let resp: SynchronizeResponse = self.call_on(conn, "Synchronize", &chunk, left).await?;
             let last = i + 1 == n;
             if !last && (!resp.more || !resp.update.is_empty()) {
-                return Err(FakeError::Wire("plugin does not handle split sync requests".into()));
+                return Err(FakeError::Wire(
+                    "plugin does not handle split sync requests".into(),
+                ));
             }
             if last {
                 final_updates = resp.update;
@@ -529,7 +606,9 @@ impl FakeRuntime {
         req: &Q,
         timeout: Duration,
     ) -> Result<A, FakeError> {
-        let payload = req.write_to_bytes().map_err(|e| FakeError::Wire(e.to_string()))?;
+        let payload = req
+            .write_to_bytes()
+            .map_err(|e| FakeError::Wire(e.to_string()))?;
         let body = Request {
             service: PLUGIN_SERVICE.into(),
             method: method.into(),
@@ -538,17 +617,27 @@ impl FakeRuntime {
         }
         .encode();
         if body.len() > wire::MAX_BODY {
-            return Err(FakeError::Wire(format!("{method} request of {} bytes over 4 MiB", body.len())));
+            return Err(FakeError::Wire(format!(
+                "{method} request of {} bytes over 4 MiB",
+                body.len()
+            )));
         }
         let sid = conn.next_stream.fetch_add(2, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        conn.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(sid, tx);
+        conn.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sid, tx);
         conn.out
             .send(wire::frame_message(1, sid, wire::TYPE_REQUEST, &body))
             .map_err(|_| FakeError::Wire("connection closed".into()))?;
         let resp = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(r)) => r,
-            Ok(Err(_)) => return Err(FakeError::Wire(format!("connection closed during {method}"))),
+            Ok(Err(_)) => {
+                return Err(FakeError::Wire(format!(
+                    "connection closed during {method}"
+                )));
+            }
             Err(_) => {
                 let why = format!("{method} timed out");
                 self.lost(conn, &why);
@@ -556,25 +645,43 @@ impl FakeRuntime {
             }
         };
         if resp.code != 0 {
-            return Err(FakeError::Status { method: method.into(), code: resp.code, message: resp.message });
+            return Err(FakeError::Status {
+                method: method.into(),
+                code: resp.code,
+                message: resp.message,
+            });
         }
-        A::parse_from_bytes(&resp.payload).map_err(|e| FakeError::Wire(format!("bad {method} reply: {e}")))
+        A::parse_from_bytes(&resp.payload)
+            .map_err(|e| FakeError::Wire(format!("bad {method} reply: {e}")))
     }
 
     /// Calls a plugin method on the current plugin with the 2 s request timeout.
-    pub async fn call<Q: Message, A: Message>(&self, method: &str, req: &Q) -> Result<A, FakeError> {
+    pub async fn call<Q: Message, A: Message>(
+        &self,
+        method: &str,
+        req: &Q,
+    ) -> Result<A, FakeError> {
         let conn = self.current()?;
-        self.call_on(&conn, method, req, self.inner.config.request_timeout).await
+        self.call_on(&conn, method, req, self.inner.config.request_timeout)
+            .await
     }
 
     fn subscribed(&self, event: Event) -> Result<(), FakeError> {
         let events = self.plugin().ok_or(FakeError::NoPlugin)?.events;
         let bit = 1u32 << (event as i32 - 1);
-        if events == 0 || events & bit != 0 { Ok(()) } else { Err(FakeError::NotSubscribed(event_name(event))) }
+        if events == 0 || events & bit != 0 {
+            Ok(())
+        } else {
+            Err(FakeError::NotSubscribed(event_name(event)))
+        }
     }
 
     /// Sends CreateContainer and records the adjustment.
-    pub async fn create_container(&self, pod: &PodSandbox, c: &Container) -> Result<CreateContainerResponse, FakeError> {
+    pub async fn create_container(
+        &self,
+        pod: &PodSandbox,
+        c: &Container,
+    ) -> Result<CreateContainerResponse, FakeError> {
         self.subscribed(Event::CREATE_CONTAINER)?;
         let mut req = CreateContainerRequest::new();
         req.pod = MessageField::some(pod.clone());
@@ -602,7 +709,11 @@ impl FakeRuntime {
     }
 
     /// Sends StopContainer.
-    pub async fn stop_container(&self, pod: &PodSandbox, c: &Container) -> Result<StopContainerResponse, FakeError> {
+    pub async fn stop_container(
+        &self,
+        pod: &PodSandbox,
+        c: &Container,
+    ) -> Result<StopContainerResponse, FakeError> {
         self.subscribed(Event::STOP_CONTAINER)?;
         let mut req = StopContainerRequest::new();
         req.pod = MessageField::some(pod.clone());
@@ -615,7 +726,12 @@ impl FakeRuntime {
     /// RemoveContainer, PostUpdatePodSandbox) the way the configured NRI version does: v0.12+ calls
     /// the dedicated RPC and falls back to StateChange on Unimplemented; older runtimes send
     /// StateChange only. Returns whether the StateChange path was used.
-    pub async fn notify(&self, event: Event, pod: &PodSandbox, c: Option<&Container>) -> Result<bool, FakeError> {
+    pub async fn notify(
+        &self,
+        event: Event,
+        pod: &PodSandbox,
+        c: Option<&Container>,
+    ) -> Result<bool, FakeError> {
         self.subscribed(event)?;
         let dedicated = nri_minor(&self.inner.config.nri_version) >= 12;
         if dedicated {
@@ -626,7 +742,10 @@ impl FakeRuntime {
             req.container = MessageField::from_option(c.cloned());
             match self.call::<_, Empty>(method, &req).await {
                 Ok(_) => return Ok(false),
-                Err(FakeError::Status { code: CODE_UNIMPLEMENTED, .. }) => {}
+                Err(FakeError::Status {
+                    code: CODE_UNIMPLEMENTED,
+                    ..
+                }) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -660,12 +779,13 @@ pub fn split_sync(pods: Vec<PodSandbox>, containers: Vec<Container>) -> Vec<Sync
     let mut chunks = Vec::new();
     let mut cur = SynchronizeRequest::new();
     let mut size = 0u64;
-    let push = |cur: &mut SynchronizeRequest, size: &mut u64, chunks: &mut Vec<SynchronizeRequest>| {
-        let mut done = std::mem::take(cur);
-        done.more = true;
-        chunks.push(done);
-        *size = 0;
-    };
+    let push =
+        |cur: &mut SynchronizeRequest, size: &mut u64, chunks: &mut Vec<SynchronizeRequest>| {
+            let mut done = std::mem::take(cur);
+            done.more = true;
+            chunks.push(done);
+            *size = 0;
+        };
     for p in whole.pods {
         let s = p.compute_size() + 8;
         if size + s > LIMIT {

@@ -90,14 +90,21 @@ pub struct GoConnReader {
 impl GoConnReader {
     /// A reader over the frames the socket reader routes to this conn.
     pub fn new(frames: mpsc::UnboundedReceiver<Vec<u8>>) -> Self {
-        GoConnReader { frames, buf: Vec::new(), pos: 0 }
+        GoConnReader {
+            frames,
+            buf: Vec::new(),
+            pos: 0,
+        }
     }
 
     /// Go mux `conn.Read(p)` with `len(p) == cap`: one whole frame, or an error if it does not fit.
     async fn mux_read(&mut self, cap: usize) -> Result<Vec<u8>, WireError> {
         let f = self.frames.recv().await.ok_or(WireError::Closed)?;
         if f.len() > cap {
-            return Err(WireError::FrameTooLong { frame: f.len(), buf: cap });
+            return Err(WireError::FrameTooLong {
+                frame: f.len(),
+                buf: cap,
+            });
         }
         Ok(f)
     }
@@ -175,7 +182,8 @@ fn de(e: protobuf::Error) -> WireError {
 }
 
 fn skip(is: &mut CodedInputStream<'_>, tag: u32) -> Result<(), WireError> {
-    let wt = WireType::new(tag & 7).ok_or_else(|| WireError::Decode(format!("bad wire type in tag {tag}")))?;
+    let wt = WireType::new(tag & 7)
+        .ok_or_else(|| WireError::Decode(format!("bad wire type in tag {tag}")))?;
     is.skip_field(wt).map_err(de)
 }
 
@@ -280,7 +288,13 @@ mod tests {
         msg.extend_from_slice(&body);
         tx.send(msg).unwrap();
         let mut r = GoConnReader::new(rx);
-        assert_eq!(r.read_message().await, Err(WireError::FrameTooLong { frame: 6010, buf: 4096 }));
+        assert_eq!(
+            r.read_message().await,
+            Err(WireError::FrameTooLong {
+                frame: 6010,
+                buf: 4096
+            })
+        );
     }
 
     #[tokio::test]
@@ -300,9 +314,18 @@ mod tests {
 
     #[test]
     fn request_and_response_round_trip() {
-        let req = Request { service: "s".into(), method: "m".into(), payload: vec![1, 2], timeout_nano: 5 };
+        let req = Request {
+            service: "s".into(),
+            method: "m".into(),
+            payload: vec![1, 2],
+            timeout_nano: 5,
+        };
         assert_eq!(Request::decode(&req.encode()).unwrap(), req);
-        let resp = Response { code: 12, message: "no".into(), payload: vec![] };
+        let resp = Response {
+            code: 12,
+            message: "no".into(),
+            payload: vec![],
+        };
         assert_eq!(Response::decode(&resp.encode()).unwrap(), resp);
         assert!(Response::decode(&[0xff, 0xff]).is_err());
     }

@@ -29,9 +29,15 @@ async fn stub_against(bytes: Vec<u8>, then_close: bool) -> (Result<(), StubError
         drop(peer);
     } else {
         // Keep the peer open: the stub itself must close the connection.
-        tokio::time::timeout(HANG_GUARD, peer.read_to_end(&mut got)).await.expect("stub closes").unwrap();
+        tokio::time::timeout(HANG_GUARD, peer.read_to_end(&mut got))
+            .await
+            .expect("stub closes")
+            .unwrap();
     }
-    let r = tokio::time::timeout(HANG_GUARD, task).await.expect("stub returns").unwrap();
+    let r = tokio::time::timeout(HANG_GUARD, task)
+        .await
+        .expect("stub returns")
+        .unwrap();
     (r, got)
 }
 
@@ -162,7 +168,10 @@ async fn fake_runtime_drops_a_plugin_that_breaks_the_frame_rule() {
     assert!(msg.len() > 4096);
     plugin_side.write_all(&wire::frame(2, &msg)).await.unwrap();
     let mut rest = Vec::new();
-    tokio::time::timeout(HANG_GUARD, plugin_side.read_to_end(&mut rest)).await.unwrap().unwrap();
+    tokio::time::timeout(HANG_GUARD, plugin_side.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
     let errors = rt.errors();
     assert!(errors.iter().any(|e| e.contains("ENOMEM")), "{errors:?}");
 }

@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use nri_proto::api::{Container, ContainerAdjustment, ContainerUpdate, Event, KeyValue, PodSandbox};
+use nri_proto::api::{
+    Container, ContainerAdjustment, ContainerUpdate, Event, KeyValue, PodSandbox,
+};
 use nri_proto::{EventMask, Plugin, PluginError, Stub};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -19,7 +21,11 @@ struct TestPlugin;
 #[async_trait]
 impl Plugin for TestPlugin {
     fn events(&self) -> EventMask {
-        EventMask::of(&[Event::CREATE_CONTAINER, Event::STOP_CONTAINER, Event::POST_START_CONTAINER])
+        EventMask::of(&[
+            Event::CREATE_CONTAINER,
+            Event::STOP_CONTAINER,
+            Event::POST_START_CONTAINER,
+        ])
     }
 
     async fn synchronize(
@@ -40,7 +46,11 @@ impl Plugin for TestPlugin {
         let mut adj = ContainerAdjustment::new();
         let mut kv = KeyValue::new();
         kv.key = "TEST_PLUGIN".into();
-        kv.value = match container.annotations.get("test/adjust-bytes").and_then(|n| n.parse().ok()) {
+        kv.value = match container
+            .annotations
+            .get("test/adjust-bytes")
+            .and_then(|n| n.parse().ok())
+        {
             Some(n) => "a".repeat(n),
             None => container.id.clone(),
         };
@@ -66,17 +76,30 @@ async fn main() {
     let result = match args.get(1).map(String::as_str) {
         Some("--echo") => {
             let size = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1024);
-            echo(args.get(2).map(String::as_str).unwrap_or(""), size).await.map_err(|e| e.to_string())
+            echo(args.get(2).map(String::as_str).unwrap_or(""), size)
+                .await
+                .map_err(|e| e.to_string())
         }
         Some("--socket") => {
             let path = args.get(2).cloned().unwrap_or_default();
-            match Stub::builder().name("test").index("50").socket(path).build() {
-                Ok(stub) => stub.connect_once(Arc::new(TestPlugin)).await.map_err(|e| e.to_string()),
+            match Stub::builder()
+                .name("test")
+                .index("50")
+                .socket(path)
+                .build()
+            {
+                Ok(stub) => stub
+                    .connect_once(Arc::new(TestPlugin))
+                    .await
+                    .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             }
         }
         _ => match Stub::builder().from_env().build() {
-            Ok(stub) => stub.run(Arc::new(TestPlugin)).await.map_err(|e| e.to_string()),
+            Ok(stub) => stub
+                .run(Arc::new(TestPlugin))
+                .await
+                .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         },
     };

@@ -33,7 +33,12 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn new(mask: EventMask) -> Arc<Recorder> {
-        Arc::new(Recorder { seen: Mutex::new(Seen::default()), mask, handle_post_start: false, adjust_bytes: 8 })
+        Arc::new(Recorder {
+            seen: Mutex::new(Seen::default()),
+            mask,
+            handle_post_start: false,
+            adjust_bytes: 8,
+        })
     }
 
     pub fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
@@ -59,7 +64,10 @@ impl Plugin for Recorder {
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         self.seen().syncs.push((pods.len(), containers.len()));
         let mut u = ContainerUpdate::new();
-        u.container_id = containers.last().map(|c| c.id.clone()).unwrap_or_else(|| "none".into());
+        u.container_id = containers
+            .last()
+            .map(|c| c.id.clone())
+            .unwrap_or_else(|| "none".into());
         Ok(vec![u])
     }
 
@@ -72,7 +80,11 @@ impl Plugin for Recorder {
         Ok((big_adjustment(self.adjust_bytes), Vec::new()))
     }
 
-    async fn post_start_container(&self, _pod: PodSandbox, c: Container) -> Result<(), PluginError> {
+    async fn post_start_container(
+        &self,
+        _pod: PodSandbox,
+        c: Container,
+    ) -> Result<(), PluginError> {
         if !self.handle_post_start {
             return Err(PluginError::Unimplemented);
         }
@@ -98,7 +110,8 @@ pub fn big_adjustment(n: usize) -> ContainerAdjustment {
     kv.key = "ACCEL_VISIBLE_DEVICES".into();
     kv.value = "d".repeat(n);
     adj.env.push(kv);
-    adj.annotations.insert("accel/granted".into(), "gpu0".into());
+    adj.annotations
+        .insert("accel/granted".into(), "gpu0".into());
     let mut m = Mount::new();
     m.destination = "/dev/shm".into();
     m.source = "tmpfs".into();
@@ -121,7 +134,10 @@ pub fn stub(path: &std::path::Path) -> Arc<Stub> {
 }
 
 /// Waits for the next event matching `pred`.
-pub async fn wait_event(rx: &mut tokio::sync::broadcast::Receiver<StubEvent>, pred: impl Fn(&StubEvent) -> bool) -> StubEvent {
+pub async fn wait_event(
+    rx: &mut tokio::sync::broadcast::Receiver<StubEvent>,
+    pred: impl Fn(&StubEvent) -> bool,
+) -> StubEvent {
     tokio::time::timeout(HANG_GUARD, async {
         loop {
             match rx.recv().await {
