@@ -3,6 +3,7 @@
 //! plugin side independently: Go-style 4096-byte buffered reads per conn, Configure before the
 //! RegisterPlugin reply, Synchronize paging, the request timeout and the event mask.
 
+pub mod bench;
 pub mod fixtures;
 pub mod launch;
 pub mod runtime;

@@ -20,6 +20,7 @@ const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 /// ttrpc status code Unimplemented.
 pub const CODE_UNIMPLEMENTED: i32 = 12;
 const CODE_UNKNOWN: i32 = 2;
+const CODE_DEADLINE_EXCEEDED: i32 = 4;
 
 /// How the fake runtime presents itself and what it enforces.
 #[derive(Clone, Debug)]
@@ -644,6 +645,15 @@ impl FakeRuntime {
                 return Err(FakeError::Timeout(method.into()));
             }
         };
+        if resp.code == CODE_DEADLINE_EXCEEDED {
+            // The plugin's ttrpc server enforces the request's timeout_nano itself; a deadline
+            // error is as fatal as a missed reply.
+            self.lost(
+                conn,
+                &format!("{method} timed out (deadline exceeded in the plugin)"),
+            );
+            return Err(FakeError::Timeout(method.into()));
+        }
         if resp.code != 0 {
             return Err(FakeError::Status {
                 method: method.into(),

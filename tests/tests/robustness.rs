@@ -175,3 +175,92 @@ async fn fake_runtime_drops_a_plugin_that_breaks_the_frame_rule() {
     let errors = rt.errors();
     assert!(errors.iter().any(|e| e.contains("ENOMEM")), "{errors:?}");
 }
+
+/// Reads frames from `s` until one whole ttrpc message has arrived on `conn`; returns its stream
+/// id and body.
+async fn read_message_on(s: &mut UnixStream, conn: u32) -> (u32, Vec<u8>) {
+    let mut acc = Vec::new();
+    loop {
+        let mut h = [0u8; 8];
+        s.read_exact(&mut h).await.unwrap();
+        let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+        let mut p = vec![0u8; len];
+        s.read_exact(&mut p).await.unwrap();
+        if u32::from_be_bytes([h[0], h[1], h[2], h[3]]) != conn {
+            continue;
+        }
+        acc.extend(p);
+        if acc.len() >= 10 {
+            let blen = u32::from_be_bytes([acc[0], acc[1], acc[2], acc[3]]) as usize;
+            if acc.len() >= 10 + blen {
+                let sid = u32::from_be_bytes([acc[4], acc[5], acc[6], acc[7]]);
+                return (sid, acc[10..10 + blen].to_vec());
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_runtime_refuses_events_its_nri_version_does_not_know() {
+    use nri_proto::protobuf::Message;
+    let rt = FakeRuntime::new(RuntimeConfig {
+        nri_version: "v0.8.0".into(),
+        ..Default::default()
+    });
+    let theirs = rt.socketpair().unwrap();
+    theirs.set_nonblocking(true).unwrap();
+    let mut plugin_side = UnixStream::from_std(theirs).unwrap();
+    let mut reg = nri_proto::api::RegisterPluginRequest::new();
+    reg.plugin_name = "raw".into();
+    reg.plugin_idx = "10".into();
+    let req = Request {
+        service: "nri.pkg.api.v1alpha1.Runtime".into(),
+        method: "RegisterPlugin".into(),
+        payload: reg.write_to_bytes().unwrap(),
+        timeout_nano: 0,
+    };
+    plugin_side
+        .write_all(&wire::frame_message(
+            2,
+            1,
+            wire::TYPE_REQUEST,
+            &req.encode(),
+        ))
+        .await
+        .unwrap();
+    let (sid, body) = tokio::time::timeout(HANG_GUARD, read_message_on(&mut plugin_side, 1))
+        .await
+        .unwrap();
+    let configure = Request::decode(&body).unwrap();
+    assert_eq!(configure.method, "Configure");
+    let creq = nri_proto::api::ConfigureRequest::parse_from_bytes(&configure.payload).unwrap();
+    assert_eq!(creq.NRI_version, "v0.8.0");
+    // Subscribe to UPDATE_POD_SANDBOX (bit 11), unknown before v0.10.
+    let mut cresp = nri_proto::api::ConfigureResponse::new();
+    cresp.events = 1 << 11;
+    let resp = Response {
+        code: 0,
+        message: String::new(),
+        payload: cresp.write_to_bytes().unwrap(),
+    };
+    plugin_side
+        .write_all(&wire::frame_message(
+            1,
+            sid,
+            wire::TYPE_RESPONSE,
+            &resp.encode(),
+        ))
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(HANG_GUARD, plugin_side.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    let errors = rt.errors();
+    assert!(
+        errors.iter().any(|e| e.contains("outside the valid mask")),
+        "{errors:?}"
+    );
+    assert!(rt.plugin().is_none());
+}

@@ -338,3 +338,59 @@ fn builder_validates_name_and_index() {
         Err(nri_proto::StubError::NoSocket)
     ));
 }
+
+/// Sleeps far past the runtime's request timeout in CreateContainer.
+struct Slow;
+
+#[async_trait::async_trait]
+impl nri_proto::Plugin for Slow {
+    fn events(&self) -> EventMask {
+        EventMask::of(&[Event::CREATE_CONTAINER])
+    }
+
+    async fn create_container(
+        &self,
+        _pod: PodSandbox,
+        _c: Container,
+    ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), nri_proto::PluginError> {
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        Ok((ContainerAdjustment::new(), Vec::new()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_missing_the_request_timeout_is_dropped_and_reconnects() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nri.sock");
+    let cfg = RuntimeConfig {
+        request_timeout: std::time::Duration::from_millis(200),
+        ..Default::default()
+    };
+    let rt = FakeRuntime::start_with(&path, cfg).await.unwrap();
+    let stub = stub(&path);
+    let mut events = stub.subscribe();
+    let s = stub.clone();
+    let run = tokio::spawn(async move { s.run(Arc::new(Slow)).await });
+    rt.wait_synchronized(1, HANG_GUARD).await.unwrap();
+
+    let pd = pod(1);
+    let r = rt.create_container(&pd, &container(1, &pd, 0)).await;
+    assert_eq!(
+        r.unwrap_err(),
+        fake_runtime::FakeError::Timeout("CreateContainer".into())
+    );
+    assert!(
+        rt.errors().iter().any(|e| e.contains("timed out")),
+        "{:?}",
+        rt.errors()
+    );
+    // The stub notices the dropped connection and registers again.
+    wait_event(&mut events, |e| matches!(e, StubEvent::Disconnected { .. })).await;
+    rt.wait_synchronized(2, HANG_GUARD).await.unwrap();
+    stub.close();
+    tokio::time::timeout(HANG_GUARD, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
