@@ -388,7 +388,11 @@ mod tests {
         let (a, mut b) = UnixStream::pair().unwrap();
         let mux = Mux::new(a);
         let mut conn = mux.open(2).unwrap();
-        let big = vec![3u8; 100_000];
+        // One ttrpc message (10-byte header + body) spread over frames of odd sizes.
+        let mut big = Vec::with_capacity(100_000);
+        big.extend_from_slice(&99_990u32.to_be_bytes());
+        big.extend_from_slice(&[0, 0, 0, 1, 2, 0]);
+        big.resize(100_000, 3u8);
         let mut wire = Vec::new();
         for (id, part) in [(2u32, &big[..60_000]), (9, &big[..5]), (2, &big[60_000..])] {
             wire.extend_from_slice(&id.to_be_bytes());

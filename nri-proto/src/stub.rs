@@ -39,7 +39,9 @@ pub enum StubEvent {
         /// The runtime's NRI version (empty before v0.12).
         nri_version: String,
     },
-    /// The plugin answered the (reassembled) Synchronize: state is now in step with the runtime.
+    /// The plugin's `synchronize()` returned for the (reassembled) Synchronize; its reply is on
+    /// the way. A new connection always brings a new Synchronize, so a daemon can reconcile here.
+    /// Wait for the reply to land (e.g. a short delay or the next event) before pushing updates.
     Synchronized {
         /// Pods received.
         pods: usize,
