@@ -1,0 +1,408 @@
+//! The NRI connection multiplexer: several byte streams ("conns") over one socket.
+//!
+//! Wire format: each frame is an 8-byte big-endian header `{conn_id: u32, length: u32}` followed
+//! by `length` payload bytes. Conn 1 carries the plugin service (the plugin is the ttrpc server),
+//! conn 2 the runtime service (the runtime is the server). There is no open or close frame.
+//!
+//! Writing obeys the Go runtime's frame rule: every write is split into frames of at most
+//! [`MAX_WRITE_FRAME`] bytes, so the runtime's 4096-byte buffered reader never sees a frame larger
+//! than the buffer it reads into. Reading treats each conn as a byte stream, since the Go writer
+//! emits frames of any size up to [`MAX_FRAME_PAYLOAD`]. A frame longer than that limit is a
+//! protocol error: it is logged and the whole socket is closed, without allocating its length.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, watch};
+
+/// Conn id of the plugin service (the plugin serves, the runtime calls).
+pub const PLUGIN_SERVICE_CONN: u32 = 1;
+/// Conn id of the runtime service (the runtime serves, the plugin calls).
+pub const RUNTIME_SERVICE_CONN: u32 = 2;
+/// Largest frame payload the peer may send: the ttrpc message limit (4 MiB) plus its 10-byte header.
+pub const MAX_FRAME_PAYLOAD: usize = 4 * 1024 * 1024 + 10;
+/// Largest frame this side writes, so Go's 4096-byte buffered reads never fail.
+pub const MAX_WRITE_FRAME: usize = 4096;
+/// Size of the frame header.
+pub const FRAME_HEADER_LEN: usize = 8;
+
+/// Errors of the multiplexer.
+#[derive(Debug, thiserror::Error)]
+pub enum MuxError {
+    /// The peer announced a frame larger than the protocol allows.
+    #[error(
+        "NRI mux: peer sent a frame of {len} bytes for conn {conn}, over the {MAX_FRAME_PAYLOAD}-byte limit; closing the connection"
+    )]
+    FrameTooLarge {
+        /// Conn id from the frame header.
+        conn: u32,
+        /// Announced payload length.
+        len: u32,
+    },
+    /// The peer used the reserved conn id 0.
+    #[error("NRI mux: peer sent a frame for the reserved conn id 0; closing the connection")]
+    ReservedConn,
+    /// A ttrpc message header on a conn was malformed or announced a body over 4 MiB.
+    #[error("NRI mux: bad ttrpc message on conn {conn}: {why}; closing the connection")]
+    BadMessage {
+        /// Conn id.
+        conn: u32,
+        /// What was wrong.
+        why: String,
+    },
+    /// A conn id was opened twice.
+    #[error("NRI mux: conn {0} is already open")]
+    ConnInUse(u32),
+    /// Reading or writing the socket failed.
+    #[error("NRI mux: socket I/O failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+type Routes = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Vec<u8>>>>>;
+
+/// One multiplexed socket. Open conns with [`Mux::open`]; dropping every conn and the `Mux` closes
+/// the socket.
+pub struct Mux {
+    routes: Routes,
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    closed: watch::Receiver<Option<String>>,
+    closed_tx: Arc<watch::Sender<Option<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Mux {
+    /// Starts multiplexing `stream`: spawns one reader and one writer task on the current runtime.
+    pub fn new(stream: UnixStream) -> Mux {
+        let (rd, wr) = stream.into_split();
+        let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
+        let (out, out_rx) = mpsc::unbounded_channel();
+        let (closed_tx, closed) = watch::channel(None);
+        let closed_tx = Arc::new(closed_tx);
+        let reader = tokio::spawn(read_loop(rd, routes.clone(), closed_tx.clone()));
+        let writer = tokio::spawn(write_loop(wr, out_rx, closed_tx.clone()));
+        Mux {
+            routes,
+            out,
+            closed,
+            closed_tx,
+            tasks: vec![reader, writer],
+        }
+    }
+
+    /// Opens conn `id` and returns it as a byte stream (AsyncRead + AsyncWrite).
+    pub fn open(&self, id: u32) -> Result<MuxConn, MuxError> {
+        if id == 0 {
+            return Err(MuxError::ReservedConn);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        if routes.contains_key(&id) {
+            return Err(MuxError::ConnInUse(id));
+        }
+        routes.insert(id, tx);
+        Ok(MuxConn {
+            id,
+            rx,
+            pending: Vec::new(),
+            pos: 0,
+            out: self.out.clone(),
+            guard: MessageGuard::default(),
+            closed: self.closed_tx.clone(),
+        })
+    }
+
+    /// A watch that turns `Some(reason)` once the socket is closed or failed.
+    pub fn closed(&self) -> watch::Receiver<Option<String>> {
+        self.closed.clone()
+    }
+
+    /// Closes the socket now: both tasks stop, every conn sees end of stream.
+    pub fn close(&self) {
+        if self.closed_tx.borrow().is_none() {
+            self.closed_tx.send_replace(Some("closed locally".into()));
+        }
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+impl Drop for Mux {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+async fn read_loop(
+    mut rd: tokio::net::unix::OwnedReadHalf,
+    routes: Routes,
+    closed: Arc<watch::Sender<Option<String>>>,
+) {
+    let reason = match read_frames(&mut rd, &routes).await {
+        Ok(()) => "peer closed the connection".to_string(),
+        Err(e) => {
+            tracing::error!(error = %e, "NRI connection failed");
+            e.to_string()
+        }
+    };
+    // Dropping the senders gives every conn end of stream.
+    routes.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    closed.send_replace(Some(reason));
+}
+
+async fn read_frames(rd: &mut (impl AsyncRead + Unpin), routes: &Routes) -> Result<(), MuxError> {
+    let mut header = [0u8; FRAME_HEADER_LEN];
+    loop {
+        match rd.read_exact(&mut header).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let conn = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+        let len = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+        if len as usize > MAX_FRAME_PAYLOAD {
+            return Err(MuxError::FrameTooLarge { conn, len });
+        }
+        if conn == 0 {
+            return Err(MuxError::ReservedConn);
+        }
+        let mut payload = vec![0u8; len as usize];
+        rd.read_exact(&mut payload).await?;
+        let route = routes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&conn)
+            .cloned();
+        match route {
+            Some(tx) if !payload.is_empty() => {
+                // A conn dropped by its user just loses its data, like an unknown conn.
+                let _ = tx.send(payload);
+            }
+            Some(_) => {}
+            None => tracing::debug!(conn, len, "dropping NRI frame for an unknown conn"),
+        }
+    }
+}
+
+async fn write_loop(
+    mut wr: tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    closed: Arc<watch::Sender<Option<String>>>,
+) {
+    while let Some(buf) = rx.recv().await {
+        if let Err(e) = wr.write_all(&buf).await {
+            tracing::error!(error = %e, "NRI connection write failed");
+            closed.send_replace(Some(format!("write failed: {e}")));
+            return;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+/// Appends `data` to `out` as frames of conn `id`, each at most [`MAX_WRITE_FRAME`] payload bytes.
+pub fn encode_frames(id: u32, data: &[u8], out: &mut Vec<u8>) {
+    for chunk in data.chunks(MAX_WRITE_FRAME) {
+        out.extend_from_slice(&id.to_be_bytes());
+        // A chunk is at most 4096 bytes, so the cast cannot truncate.
+        out.extend_from_slice(&(chunk.len() as u32).to_be_bytes());
+        out.extend_from_slice(chunk);
+    }
+}
+
+/// One conn of a [`Mux`]: a byte stream that reads the payloads of this conn's frames in order and
+/// writes through the shared socket in frames of at most 4096 bytes.
+pub struct MuxConn {
+    id: u32,
+    rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    pending: Vec<u8>,
+    pos: usize,
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    guard: MessageGuard,
+    closed: Arc<watch::Sender<Option<String>>>,
+}
+
+/// Follows the ttrpc message headers in a conn's byte stream so that a peer announcing a body over
+/// 4 MiB or an unknown message type is cut off at once, instead of ttrpc discarding (and waiting
+/// for) up to 4 GiB of announced bytes.
+#[derive(Default)]
+struct MessageGuard {
+    header: [u8; 10],
+    filled: usize,
+    body_left: usize,
+}
+
+/// Largest ttrpc message body.
+const MAX_MESSAGE_BODY: usize = 4 * 1024 * 1024;
+
+impl MessageGuard {
+    fn check(&mut self, mut data: &[u8]) -> Result<(), String> {
+        while !data.is_empty() {
+            if self.body_left > 0 {
+                let n = self.body_left.min(data.len());
+                self.body_left -= n;
+                data = &data[n..];
+                continue;
+            }
+            let n = (10 - self.filled).min(data.len());
+            self.header[self.filled..self.filled + n].copy_from_slice(&data[..n]);
+            self.filled += n;
+            data = &data[n..];
+            if self.filled == 10 {
+                self.filled = 0;
+                let h = &self.header;
+                let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                if len > MAX_MESSAGE_BODY {
+                    return Err(format!("message body of {len} bytes over the 4 MiB limit"));
+                }
+                if !(1..=3).contains(&h[8]) {
+                    return Err(format!("unknown message type {}", h[8]));
+                }
+                self.body_left = len;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MuxConn {
+    /// The conn id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl AsyncRead for MuxConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if this.pos >= this.pending.len() {
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(data)) => {
+                    if let Err(why) = this.guard.check(&data) {
+                        let e = MuxError::BadMessage { conn: this.id, why };
+                        tracing::error!(error = %e, "NRI connection failed");
+                        this.closed.send_replace(Some(e.to_string()));
+                        this.rx.close();
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            e.to_string(),
+                        )));
+                    }
+                    this.pending = data;
+                    this.pos = 0;
+                }
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let n = buf.remaining().min(this.pending.len() - this.pos);
+        buf.put_slice(&this.pending[this.pos..this.pos + n]);
+        this.pos += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for MuxConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut framed = Vec::with_capacity(
+            data.len() + FRAME_HEADER_LEN * data.len().div_ceil(MAX_WRITE_FRAME).max(1),
+        );
+        encode_frames(self.id, data, &mut framed);
+        match self.out.send(framed) {
+            Ok(()) => Poll::Ready(Ok(data.len())),
+            Err(_) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "NRI connection closed",
+            ))),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_split_into_4096_byte_frames() {
+        let data = vec![7u8; 10_000];
+        let mut out = Vec::new();
+        encode_frames(1, &data, &mut out);
+        let mut sizes = Vec::new();
+        let mut rest = &out[..];
+        while !rest.is_empty() {
+            let len = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
+            assert_eq!(u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]), 1);
+            sizes.push(len);
+            rest = &rest[8 + len..];
+        }
+        assert_eq!(sizes, vec![4096, 4096, 1808]);
+    }
+
+    #[tokio::test]
+    async fn oversized_frame_closes_without_allocating() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mux = Mux::new(a);
+        let mut conn = mux.open(1).unwrap();
+        let mut closed = mux.closed();
+        b.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff])
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        conn.read_to_end(&mut buf).await.unwrap();
+        assert!(buf.is_empty());
+        let reason = closed
+            .wait_for(|r| r.is_some())
+            .await
+            .unwrap()
+            .clone()
+            .unwrap();
+        assert!(reason.contains("over the"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn reader_reassembles_frames_of_any_size_and_drops_unknown_conns() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mux = Mux::new(a);
+        let mut conn = mux.open(2).unwrap();
+        // One ttrpc message (10-byte header + body) spread over frames of odd sizes.
+        let mut big = Vec::with_capacity(100_000);
+        big.extend_from_slice(&99_990u32.to_be_bytes());
+        big.extend_from_slice(&[0, 0, 0, 1, 2, 0]);
+        big.resize(100_000, 3u8);
+        let mut wire = Vec::new();
+        for (id, part) in [(2u32, &big[..60_000]), (9, &big[..5]), (2, &big[60_000..])] {
+            wire.extend_from_slice(&id.to_be_bytes());
+            wire.extend_from_slice(&(part.len() as u32).to_be_bytes());
+            wire.extend_from_slice(part);
+        }
+        b.write_all(&wire).await.unwrap();
+        drop(b);
+        let mut got = Vec::new();
+        conn.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, big);
+    }
+}

@@ -1,0 +1,167 @@
+//! The trait an NRI plugin implements: one method per event, with defaults.
+
+use async_trait::async_trait;
+
+use crate::api::{
+    ConfigureRequest, Container, ContainerAdjustment, ContainerEviction, ContainerUpdate, Event,
+    LinuxResources, PodSandbox, ValidateContainerAdjustmentRequest,
+    ValidateContainerAdjustmentResponse,
+};
+use crate::error::PluginError;
+use crate::events::EventMask;
+
+/// An NRI plugin. Implement the events you subscribe to in [`Plugin::events`].
+///
+/// Notification events (pod run/stop/remove, post-create, start, post-start, post-update,
+/// post-update-pod, remove-container) default to [`PluginError::Unimplemented`]: an NRI v0.12+
+/// runtime then retries them through StateChange, and the stub routes StateChange to the dedicated
+/// method or, when that is not implemented either, to [`Plugin::state_change`]. Events with a reply
+/// (create, update, stop container, update pod, validate) default to an empty reply.
+///
+/// Never call [`crate::Updater::update_containers`] from inside a handler (some runtimes deadlock);
+/// return in-handler updates in the handler's reply instead.
+#[async_trait]
+pub trait Plugin: Send + Sync + 'static {
+    /// The events to subscribe to. The stub drops those the runtime's NRI version does not know.
+    fn events(&self) -> EventMask;
+
+    /// Called with the runtime's configuration; return `Some(mask)` to override [`Plugin::events`].
+    async fn configure(&self, _req: &ConfigureRequest) -> Result<Option<EventMask>, PluginError> {
+        Ok(None)
+    }
+
+    /// Called once per connection with every pod and container (paged requests reassembled).
+    /// Returned updates are applied by the runtime.
+    async fn synchronize(
+        &self,
+        _pods: Vec<PodSandbox>,
+        _containers: Vec<Container>,
+    ) -> Result<Vec<ContainerUpdate>, PluginError> {
+        Ok(Vec::new())
+    }
+
+    /// The runtime is shutting the plugin down (sent to pre-launched plugins only).
+    async fn shutdown(&self) {}
+
+    /// A pod sandbox is being started.
+    async fn run_pod_sandbox(&self, _pod: PodSandbox) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// A pod sandbox's resources are being updated.
+    async fn update_pod_sandbox(
+        &self,
+        _pod: PodSandbox,
+        _overhead: Option<LinuxResources>,
+        _resources: Option<LinuxResources>,
+    ) -> Result<(), PluginError> {
+        Ok(())
+    }
+
+    /// A pod sandbox's resources were updated.
+    async fn post_update_pod_sandbox(&self, _pod: PodSandbox) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// A pod sandbox is being stopped.
+    async fn stop_pod_sandbox(&self, _pod: PodSandbox) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// A pod sandbox was removed.
+    async fn remove_pod_sandbox(&self, _pod: PodSandbox) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// A container is being created: return its adjustment and updates of other containers.
+    async fn create_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
+        Ok((ContainerAdjustment::new(), Vec::new()))
+    }
+
+    /// A container was created.
+    async fn post_create_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// A container is being started.
+    async fn start_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// A container was started.
+    async fn post_start_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// A container's resources are being updated.
+    async fn update_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+        _resources: Option<LinuxResources>,
+    ) -> Result<(Vec<ContainerUpdate>, Vec<ContainerEviction>), PluginError> {
+        Ok((Vec::new(), Vec::new()))
+    }
+
+    /// A container's resources were updated.
+    async fn post_update_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// A container is being stopped: return updates of other containers.
+    async fn stop_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<Vec<ContainerUpdate>, PluginError> {
+        Ok(Vec::new())
+    }
+
+    /// A container was removed.
+    async fn remove_container(
+        &self,
+        _pod: PodSandbox,
+        _container: Container,
+    ) -> Result<(), PluginError> {
+        Err(PluginError::Unimplemented)
+    }
+
+    /// Validate the combined adjustment of all plugins (NRI v0.10+).
+    async fn validate_container_adjustment(
+        &self,
+        _req: ValidateContainerAdjustmentRequest,
+    ) -> Result<ValidateContainerAdjustmentResponse, PluginError> {
+        Ok(ValidateContainerAdjustmentResponse::new())
+    }
+
+    /// Catch-all for notification events delivered through StateChange whose dedicated method is
+    /// not implemented. `pod` and `container` are those the runtime sent (absent ones are `None`).
+    async fn state_change(
+        &self,
+        _event: Event,
+        _pod: Option<PodSandbox>,
+        _container: Option<Container>,
+    ) -> Result<(), PluginError> {
+        Ok(())
+    }
+}

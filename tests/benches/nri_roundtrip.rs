@@ -1,0 +1,19 @@
+//! NRI protocol benchmark (a bench binary, two processes); see `fake_runtime::bench`.
+//!
+//! Run: `cargo bench -p nri-accel-tests --bench nri_roundtrip` (NRI_BENCH_ITERS sets the sample),
+//! or without the dev-dependencies: `cargo run --release -p nri-accel-tests --bin nri-bench`.
+
+fn main() {
+    let iters = std::env::var("NRI_BENCH_ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_nri-test-plugin"));
+    runtime.block_on(fake_runtime::bench::run(plugin, dir.path(), iters));
+}
