@@ -109,14 +109,22 @@ pub fn drop_to(keep: &CapsHashSet) -> Result<DropReport, PrivilegeError> {
 
     let inheritable =
         caps::read(None, CapSet::Inheritable).map_err(caps_err("read the inheritable set"))?;
+    // Sets already at their target are left alone: no capset call at all when nothing is to be
+    // dropped (the packaged unit's empty bounding set), so a seccomp filter without capset is fine.
     let new_inheritable: CapsHashSet = inheritable.intersection(keep).copied().collect();
-    caps::set(None, CapSet::Inheritable, &new_inheritable)
-        .map_err(caps_err("reduce the inheritable set"))?;
+    if new_inheritable != inheritable {
+        caps::set(None, CapSet::Inheritable, &new_inheritable)
+            .map_err(caps_err("reduce the inheritable set"))?;
+    }
 
     let kept: CapsHashSet = permitted.intersection(keep).copied().collect();
     // Effective before permitted: an effective cap outside permitted is rejected by the kernel.
-    caps::set(None, CapSet::Effective, &kept).map_err(caps_err("reduce the effective set"))?;
-    caps::set(None, CapSet::Permitted, &kept).map_err(caps_err("reduce the permitted set"))?;
+    if effective != kept {
+        caps::set(None, CapSet::Effective, &kept).map_err(caps_err("reduce the effective set"))?;
+    }
+    if permitted != kept {
+        caps::set(None, CapSet::Permitted, &kept).map_err(caps_err("reduce the permitted set"))?;
+    }
 
     let dropped: CapsHashSet = permitted.difference(keep).copied().collect();
     let bounding_after =
