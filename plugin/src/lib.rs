@@ -7,4 +7,8 @@ pub mod daemon;
 pub mod discovery;
 pub mod engine;
 pub mod gate;
+pub mod metrics;
 pub mod nodelock;
+pub mod notify;
+pub mod preflight;
+pub mod privileges;

@@ -6,3 +6,10 @@ pub mod containers;
 
 pub use agent::{Agent, AgentSettings, ContainerGrant, Injection, annotation_claim_uid};
 pub use containers::{ContainerView, claim_of_cdi_name};
+pub mod nri;
+pub mod run;
+pub mod service;
+
+pub use nri::NriPlugin;
+pub use service::ClaimsFacade;
+pub use run::{Daemon, DaemonError, DaemonOptions};

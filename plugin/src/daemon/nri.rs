@@ -1,0 +1,297 @@
+//! The NRI side of the daemon: the stub's event handlers, translating NRI
+//! messages to and from the agent's plain types.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use nri_proto::api::{
+    CDIDevice, ConfigureRequest, Container, ContainerAdjustment, ContainerUpdate, Event, KeyValue,
+    LinuxCPU, LinuxContainerAdjustment, LinuxContainerUpdate, LinuxDevice, LinuxDeviceCgroup,
+    LinuxResources, Mount, OptionalInt64, PodSandbox,
+};
+use nri_proto::protobuf::MessageField;
+use nri_proto::{EventMask, Plugin, PluginError};
+
+use super::agent::{Agent, ContainerGrant, Injection};
+use super::containers::ContainerView;
+use crate::config::CdiInjection;
+
+/// Runtimes known to honour CDI device names in adjustments: (name, first version).
+const CDI_ADJUSTMENT_RUNTIMES: [(&str, (u32, u32, u32)); 2] =
+    [("containerd", (2, 1, 0)), ("cri-o", (1, 34, 0))];
+
+/// The daemon's NRI plugin.
+pub struct NriPlugin {
+    agent: Arc<Agent>,
+    injection_setting: CdiInjection,
+    injection: Mutex<Injection>,
+}
+
+impl NriPlugin {
+    /// A plugin over `agent`; `setting` is the config's `nri.cdi_injection`.
+    pub fn new(agent: Arc<Agent>, setting: CdiInjection) -> Self {
+        let initial = match setting {
+            CdiInjection::Cdi => Injection::Cdi,
+            _ => Injection::DeviceNodes,
+        };
+        NriPlugin {
+            agent,
+            injection_setting: setting,
+            injection: Mutex::new(initial),
+        }
+    }
+
+    fn injection(&self) -> Injection {
+        *self.injection.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Whether a runtime honours CDI device names in NRI adjustments.
+pub fn runtime_honours_cdi(name: &str, version: &str) -> bool {
+    let v = parse_version(version);
+    let name = name.to_ascii_lowercase();
+    if name.contains("containerd") {
+        // 1.7.30+ backported the support; 2.0.x drops CDI adjustments silently.
+        return v >= (2, 1, 0) || (v.0 == 1 && v.1 == 7 && v.2 >= 30);
+    }
+    CDI_ADJUSTMENT_RUNTIMES
+        .iter()
+        .any(|(n, first)| name.contains(n) && v >= *first)
+}
+
+fn parse_version(v: &str) -> (u32, u32, u32) {
+    let mut parts = v
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    )
+}
+
+/// The agent's view of an NRI container.
+pub fn view(pod: &PodSandbox, c: &Container) -> ContainerView {
+    let linux = c.linux.as_ref();
+    ContainerView {
+        id: c.id.clone(),
+        name: c.name.clone(),
+        pod_namespace: pod.namespace.clone(),
+        pod_name: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        pod_annotations: pod
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect::<BTreeMap<_, _>>(),
+        cdi_devices: c.CDI_devices.iter().map(|d| d.name.clone()).collect(),
+        device_nodes: linux
+            .map(|l| {
+                l.devices
+                    .iter()
+                    .filter(|d| d.type_ == "c" || d.type_.is_empty())
+                    .filter_map(|d| Some((u32::try_from(d.major).ok()?, u32::try_from(d.minor).ok()?)))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        cpus: linux
+            .and_then(|l| l.resources.as_ref())
+            .and_then(|r| r.cpu.as_ref())
+            .map(|cpu| cpu.cpus.clone())
+            .filter(|s| !s.is_empty()),
+    }
+}
+
+/// The NRI adjustment for a grant.
+pub fn adjustment(grant: &ContainerGrant) -> ContainerAdjustment {
+    let mut adj = ContainerAdjustment::new();
+    adj.CDI_devices = grant
+        .cdi_devices
+        .iter()
+        .map(|n| {
+            let mut d = CDIDevice::new();
+            d.name = n.clone();
+            d
+        })
+        .collect();
+    adj.env = grant
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = KeyValue::new();
+            kv.key = k.clone();
+            kv.value = v.clone();
+            kv
+        })
+        .collect();
+    adj.mounts = grant
+        .mounts
+        .iter()
+        .map(|(host, path, options)| {
+            let mut m = Mount::new();
+            m.source = host.clone();
+            m.destination = path.clone();
+            m.type_ = "bind".into();
+            m.options = if options.is_empty() {
+                vec!["bind".into(), "ro".into()]
+            } else {
+                options.clone()
+            };
+            m
+        })
+        .collect();
+    let mut linux = LinuxContainerAdjustment::new();
+    let mut resources = LinuxResources::new();
+    for node in &grant.device_nodes {
+        let mut d = LinuxDevice::new();
+        d.path = node.path.clone();
+        d.type_ = match node.kind {
+            policies::NodeKind::Char => "c".into(),
+            policies::NodeKind::Block => "b".into(),
+        };
+        d.major = i64::from(node.major);
+        d.minor = i64::from(node.minor);
+        linux.devices.push(d);
+        let mut rule = LinuxDeviceCgroup::new();
+        rule.allow = true;
+        rule.type_ = linux.devices.last().map(|d| d.type_.clone()).unwrap_or_default();
+        rule.major = MessageField::some(int64(i64::from(node.major)));
+        rule.minor = MessageField::some(int64(i64::from(node.minor)));
+        rule.access = node.permissions.clone();
+        resources.devices.push(rule);
+    }
+    if grant.cpus.is_some() || grant.mems.is_some() {
+        let mut cpu = LinuxCPU::new();
+        cpu.cpus = grant.cpus.as_ref().map(|c| c.to_string()).unwrap_or_default();
+        cpu.mems = grant.mems.as_ref().map(|c| c.to_string()).unwrap_or_default();
+        resources.cpu = MessageField::some(cpu);
+    }
+    if resources != LinuxResources::new() {
+        linux.resources = MessageField::some(resources);
+    }
+    if linux != LinuxContainerAdjustment::new() {
+        adj.linux = MessageField::some(linux);
+    }
+    adj
+}
+
+fn int64(v: i64) -> OptionalInt64 {
+    let mut o = OptionalInt64::new();
+    o.value = v;
+    o
+}
+
+/// The NRI form of a policy's container update.
+pub fn update(u: &policies::ContainerUpdate) -> ContainerUpdate {
+    let mut cpu = LinuxCPU::new();
+    cpu.cpus = u.cpus.to_string();
+    cpu.mems = u.mems.to_string();
+    let mut resources = LinuxResources::new();
+    resources.cpu = MessageField::some(cpu);
+    let mut linux = LinuxContainerUpdate::new();
+    linux.resources = MessageField::some(resources);
+    let mut out = ContainerUpdate::new();
+    out.container_id = u.container_id.clone();
+    out.linux = MessageField::some(linux);
+    out
+}
+
+#[async_trait]
+impl Plugin for NriPlugin {
+    fn events(&self) -> EventMask {
+        EventMask::of(&[
+            Event::CREATE_CONTAINER,
+            Event::STOP_CONTAINER,
+            Event::REMOVE_CONTAINER,
+        ])
+    }
+
+    async fn configure(&self, req: &ConfigureRequest) -> Result<Option<EventMask>, PluginError> {
+        let honours = runtime_honours_cdi(&req.runtime_name, &req.runtime_version);
+        let chosen = match self.injection_setting {
+            CdiInjection::Cdi => Injection::Cdi,
+            CdiInjection::DeviceNodes => Injection::DeviceNodes,
+            CdiInjection::Auto if honours => Injection::Cdi,
+            CdiInjection::Auto => Injection::DeviceNodes,
+        };
+        *self.injection.lock().unwrap_or_else(|e| e.into_inner()) = chosen;
+        tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version,
+            nri_version = %req.NRI_version, injection = ?chosen, "configured by the runtime");
+        Ok(None)
+    }
+
+    async fn synchronize(
+        &self,
+        pods: Vec<PodSandbox>,
+        containers: Vec<Container>,
+    ) -> Result<Vec<ContainerUpdate>, PluginError> {
+        let by_id: BTreeMap<&str, &PodSandbox> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        let empty = PodSandbox::new();
+        let views: Vec<ContainerView> = containers
+            .iter()
+            .map(|c| view(by_id.get(c.pod_sandbox_id.as_str()).copied().unwrap_or(&empty), c))
+            .collect();
+        let updates = self.agent.synchronize(&views).await;
+        tracing::info!(pods = pods.len(), containers = containers.len(), updates = updates.len(), "synchronized with the runtime");
+        Ok(updates.iter().map(update).collect())
+    }
+
+    async fn create_container(
+        &self,
+        pod: PodSandbox,
+        container: Container,
+    ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
+        let v = view(&pod, &container);
+        match self.agent.create_container(&v, self.injection()).await {
+            Ok((grant, updates)) => {
+                if !grant.is_empty() {
+                    tracing::info!(container = %v.id, name = %v.name, pod = %format!("{}/{}", v.pod_namespace, v.pod_name),
+                        cdi_devices = grant.cdi_devices.len(), device_nodes = grant.device_nodes.len(), "container adjusted");
+                }
+                Ok((adjustment(&grant), updates.iter().map(update).collect()))
+            }
+            Err(e) => {
+                tracing::warn!(container = %v.id, error = %e, "container creation refused");
+                Err(PluginError::failed(e))
+            }
+        }
+    }
+
+    async fn stop_container(
+        &self,
+        _pod: PodSandbox,
+        container: Container,
+    ) -> Result<Vec<ContainerUpdate>, PluginError> {
+        self.agent.stop_container(&container.id);
+        Ok(Vec::new())
+    }
+
+    async fn remove_container(
+        &self,
+        _pod: PodSandbox,
+        container: Container,
+    ) -> Result<(), PluginError> {
+        self.agent
+            .remove_container(&container.id)
+            .await
+            .map_err(PluginError::failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knows_which_runtimes_honour_cdi_adjustments() {
+        assert!(runtime_honours_cdi("containerd", "v2.1.0"));
+        assert!(runtime_honours_cdi("containerd", "1.7.30"));
+        assert!(!runtime_honours_cdi("containerd", "2.0.5"));
+        assert!(!runtime_honours_cdi("containerd", "1.7.29"));
+        assert!(runtime_honours_cdi("cri-o", "1.34.1"));
+        assert!(!runtime_honours_cdi("cri-o", "1.33.0"));
+        assert!(!runtime_honours_cdi("other", "9.9.9"));
+    }
+}

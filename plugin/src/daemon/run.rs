@@ -1,0 +1,321 @@
+//! Starting and stopping the daemon: config -> discovery -> node lock ->
+//! checkpoint -> reconcile -> claims API (gate closed) -> NRI -> Synchronize ->
+//! gate open.
+
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nri_proto::{Stub, StubEvent, Updater};
+use policies::{Node, Registry};
+use tokio::task::JoinHandle;
+
+use super::{Agent, AgentSettings, ClaimsFacade, NriPlugin};
+use crate::bootid::{BootId, ProcBootId};
+use crate::checkpoint::Checkpoint;
+use crate::claims_api::{ClaimsServer, DefaultPeerPolicy, Limits, ServerOptions};
+use crate::config::{CdiConfig, Config};
+use crate::engine::{CrashHook, Engine, StartupReport, UpdateSink};
+use crate::gate::Gate;
+use crate::nodelock::{NodeLock, NodeLockGuard};
+
+/// How long a starting daemon waits for another nri-accel to release the node lock.
+pub const NODE_LOCK_WAIT: Duration = Duration::from_secs(120);
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Discovery could not read its root.
+    #[error("discovery: {0}")]
+    Discovery(#[from] crate::discovery::DiscoveryError),
+    /// The policy could not be built from the inventory and pools.
+    #[error("policy: {0}; fix the pools in the config")]
+    Policy(#[from] policies::PolicyError),
+    /// Another nri-accel holds the node, or the lock file is unusable.
+    #[error("node lock: {0}")]
+    NodeLock(#[from] crate::nodelock::NodeLockError),
+    /// The boot id could not be read.
+    #[error("boot id: {0}")]
+    BootId(std::io::Error),
+    /// The checkpoint could not be opened (corrupt, unreadable): the message names the file.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// The CDI spec store could not be opened.
+    #[error("CDI spec store: {0}")]
+    Cdi(#[from] cdi::CdiError),
+    /// Reconciliation or restore failed at startup.
+    #[error("{0}")]
+    Engine(#[from] crate::engine::EngineError),
+    /// The claims API socket could not be served.
+    #[error("claims API: {0}")]
+    ClaimsApi(#[from] crate::claims_api::ClaimsApiError),
+    /// The NRI stub could not be set up.
+    #[error("NRI: {0}")]
+    Nri(#[from] nri_proto::StubError),
+    /// The configured claims group does not exist.
+    #[error("claims_api.group {0:?} is not a group on this host; create it or remove the setting")]
+    UnknownGroup(String),
+}
+
+/// What the daemon needs beyond the config (test and demo hooks).
+#[derive(Default)]
+pub struct DaemonOptions {
+    /// Stop the engine at a named step (crash tests).
+    pub crash: Option<CrashHook>,
+    /// Use this boot id instead of the kernel's.
+    pub boot_id: Option<String>,
+    /// An already connected NRI socket (launched by the runtime on fd 3).
+    pub nri_stream: Option<StdUnixStream>,
+}
+
+/// A running daemon.
+pub struct Daemon {
+    agent: Arc<Agent>,
+    gate: Gate,
+    stub: Arc<Stub>,
+    claims: Option<ClaimsServer>,
+    tasks: Vec<JoinHandle<()>>,
+    report: StartupReport,
+    _lock: NodeLockGuard,
+}
+
+/// Pushes container updates through the NRI connection.
+struct NriSink(Updater);
+
+#[async_trait::async_trait]
+impl UpdateSink for NriSink {
+    async fn push(&self, updates: Vec<policies::ContainerUpdate>) -> Result<Vec<String>, String> {
+        let nri: Vec<_> = updates.iter().map(super::nri::update).collect();
+        self.0
+            .update_containers(nri, Vec::new())
+            .await
+            .map(|failed| failed.into_iter().map(|u| u.container_id).collect())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The CDI store settings of the config.
+pub fn store_config(cdi: &CdiConfig) -> cdi::StoreConfig {
+    cdi::StoreConfig {
+        dir: cdi.dir.clone(),
+        vendor: cdi.vendor.clone(),
+        class: cdi.class.clone(),
+        format: match cdi.format {
+            crate::config::SpecFormat::Yaml => cdi::SpecFormat::Yaml,
+            crate::config::SpecFormat::Json => cdi::SpecFormat::Json,
+        },
+    }
+}
+
+/// The checkpoint directory under the state dir.
+pub fn checkpoint_dir(config: &Config) -> PathBuf {
+    config.state_dir.join("checkpoint")
+}
+
+impl Daemon {
+    /// Starts everything up to the point where the runtime's Synchronize opens the gate.
+    pub async fn start(config: &Config, opts: DaemonOptions) -> Result<Daemon, DaemonError> {
+        let found = crate::discovery::discover_root(&config.discovery)?;
+        for w in &found.warnings {
+            tracing::warn!("discovery: {w}");
+        }
+        tracing::info!(devices = found.inventory.devices.len(), cpus = %found.inventory.cpus, "inventory");
+        let node = Node::new(found.inventory, &config.pools, &Registry::with_builtins())?;
+
+        std::fs::create_dir_all(&config.state_dir).map_err(|source| {
+            crate::nodelock::NodeLockError::Open {
+                path: config.state_dir.clone(),
+                source,
+            }
+        })?;
+        let lock = NodeLock::open(&config.state_dir)?;
+        let guard = match lock.lock(Duration::ZERO) {
+            Ok(g) => g,
+            Err(_) => {
+                tracing::warn!(lock = %lock.path().display(), "another nri-accel holds the node lock; waiting for it to exit");
+                let path = lock.path().to_path_buf();
+                tokio::task::spawn_blocking(move || NodeLock::open(&path.parent().map(|p| p.to_path_buf()).unwrap_or_default())?.lock(NODE_LOCK_WAIT))
+                    .await
+                    .map_err(|e| DaemonError::BootId(std::io::Error::other(e.to_string())))??
+            }
+        };
+
+        let boot_id = match &opts.boot_id {
+            Some(b) => b.clone(),
+            None => ProcBootId::new().boot_id().map_err(DaemonError::BootId)?,
+        };
+        let (journal, opened) = Checkpoint::open(&checkpoint_dir(config), &boot_id)?;
+        if let Some(prev) = &opened.previous_boot_id {
+            tracing::warn!(previous_boot = %prev, dropped_records = opened.dropped_records,
+                "the node rebooted since the checkpoint was written: nothing prepared survived, records dropped");
+        }
+        if let Some(t) = &opened.torn_tail {
+            tracing::warn!(?t, "a commit torn by a crash was cut off the checkpoint log");
+        }
+        let specs = cdi::SpecStore::open(store_config(&config.cdi))?;
+        let (engine, report) = Engine::start(node, journal, specs, opts.crash)?;
+        tracing::info!(restored = report.plan.restore.len(), rolled_back = report.plan.roll_back.len(),
+            orphans_removed = report.plan.remove_specs.len(), pending_updates = report.pending_updates,
+            "checkpoint and specs reconciled");
+        let engine = Arc::new(engine);
+        let agent = Arc::new(Agent::new(
+            engine.clone(),
+            AgentSettings {
+                cdi_kind: format!("{}/{}", config.cdi.vendor, config.cdi.class),
+                annotation_prefix: config.annotations.prefix.clone(),
+                manage_shared_cpus: config.pools.iter().any(|p| p.cpus_per_device > 0),
+            },
+        ));
+
+        let gate = Gate::new();
+        let group = match &config.claims_api.group {
+            None => None,
+            Some(name) => Some(
+                nix::unistd::Group::from_name(name)
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| DaemonError::UnknownGroup(name.clone()))?
+                    .gid,
+            ),
+        };
+        let server_opts = ServerOptions {
+            group,
+            policy: Arc::new(DefaultPeerPolicy::for_daemon(group)),
+            limits: Limits {
+                max_message_bytes: config.claims_api.max_message_bytes as usize,
+                ..Limits::default()
+            },
+        };
+        let facade = Arc::new(ClaimsFacade::new(agent.clone(), gate.clone()));
+        let claims = ClaimsServer::bind(&config.claims_api.socket, facade, gate.clone(), server_opts).await?;
+        tracing::info!(socket = %config.claims_api.socket.display(), "claims API listening; refusing claims until the runtime's Synchronize");
+
+        let mut builder = Stub::builder()
+            .name(config.nri.plugin_name.clone())
+            .index(config.nri.plugin_index.clone());
+        builder = match opts.nri_stream {
+            Some(s) => builder.stream(s),
+            None if std::env::var_os("NRI_PLUGIN_SOCKET").is_some() => builder.from_env(),
+            None => builder.socket(config.nri.socket.clone()),
+        };
+        let stub = Arc::new(builder.build()?);
+        let plugin = Arc::new(NriPlugin::new(agent.clone(), config.nri.cdi_injection));
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(watch_connection(
+            stub.subscribe(),
+            stub.updater(),
+            engine.clone(),
+            gate.clone(),
+        )));
+        let runner = stub.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = runner.run(plugin).await {
+                tracing::error!(error = %e, "NRI connection ended");
+            }
+        }));
+        if config.reconcile_interval_secs > 0 {
+            let every = Duration::from_secs(config.reconcile_interval_secs);
+            let e = engine.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    match e.reconcile().await {
+                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = ?p.roll_back, orphans_removed = ?p.remove_specs, "periodic reconciliation repaired state"),
+                        Ok(_) => {}
+                        Err(err) => tracing::error!(error = %err, "periodic reconciliation failed"),
+                    }
+                }
+            }));
+        }
+        let e = engine.clone();
+        tasks.push(tokio::spawn(async move { retry_pending(e).await }));
+        Ok(Daemon {
+            agent,
+            gate,
+            stub,
+            claims: Some(claims),
+            tasks,
+            report,
+            _lock: guard,
+        })
+    }
+
+    /// The gate of the claims API.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// The agent (engine and container map).
+    pub fn agent(&self) -> &Arc<Agent> {
+        &self.agent
+    }
+
+    /// What startup reconciled.
+    pub fn startup_report(&self) -> &StartupReport {
+        &self.report
+    }
+
+    /// Stops serving: closes the NRI connection, the claims API (its socket is
+    /// unlinked) and the background tasks, then releases the node lock.
+    pub async fn shutdown(mut self) {
+        self.stub.close();
+        if let Some(c) = self.claims.take()
+            && let Err(e) = c.shutdown().await
+        {
+            tracing::warn!(error = %e, "claims API shutdown");
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// Follows the NRI connection: opens the gate after the first Synchronize has
+/// been answered, points pending updates at the live connection, and pushes
+/// what is pending after each (re)synchronization.
+async fn watch_connection(
+    mut events: tokio::sync::broadcast::Receiver<StubEvent>,
+    updater: Updater,
+    engine: Arc<Engine>,
+    gate: Gate,
+) {
+    loop {
+        match events.recv().await {
+            Ok(StubEvent::Synchronized { pods, containers }) => {
+                engine.set_update_sink(Some(Arc::new(NriSink(updater.clone()))));
+                if gate.open() {
+                    tracing::info!(pods, containers, "runtime synchronized: the gate is open, claims are served");
+                    let _ = crate::notify::Notifier::from_env().and_then(|n| n.ready("claims are served"));
+                }
+            }
+            Ok(StubEvent::Disconnected { reason }) => {
+                engine.set_update_sink(None);
+                tracing::warn!(%reason, "NRI connection lost; reconnecting");
+            }
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Retries pending container updates with backoff while any are pending.
+async fn retry_pending(engine: Arc<Engine>) {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        tokio::time::sleep(delay).await;
+        if engine.pending_updates() == 0 {
+            delay = Duration::from_millis(500);
+            continue;
+        }
+        let left = engine.flush_pending().await;
+        delay = if left == 0 {
+            Duration::from_millis(500)
+        } else {
+            (delay * 2).min(Duration::from_secs(30))
+        };
+    }
+}

@@ -1,0 +1,156 @@
+//! The claims API's view of the engine: converts the API's claims to policy
+//! requests and answers per claim.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use policies::{Ask, ClaimRequest, CountRequest, DeviceSelector, FamilyKind, NamedResult};
+
+use super::Agent;
+use crate::claims_api::{
+    ClaimAsk, ClaimInfo, ClaimRef, ClaimService, ClaimSpec, ClaimState, Family, PrepareResults,
+    PreparedDevice, UnprepareResults,
+};
+use crate::engine::Origin;
+use crate::gate::Gate;
+
+/// Serves the claims API from the engine.
+pub struct ClaimsFacade {
+    agent: Arc<Agent>,
+    gate: Gate,
+}
+
+impl ClaimsFacade {
+    /// A facade over `agent`; `gate` is only reported in status (the API enforces it).
+    pub fn new(agent: Arc<Agent>, gate: Gate) -> Self {
+        ClaimsFacade { agent, gate }
+    }
+}
+
+/// The policy's form of a claims-API claim.
+pub fn to_request(spec: ClaimSpec) -> ClaimRequest {
+    let ask = match spec.ask {
+        ClaimAsk::Results(results) => Ask::Named(
+            results
+                .into_iter()
+                .map(|r| NamedResult {
+                    request: r.request,
+                    pool: r.pool,
+                    device: r.device,
+                })
+                .collect(),
+        ),
+        ClaimAsk::Count(asks) => Ask::Count(
+            asks.into_iter()
+                .map(|a| CountRequest {
+                    request: a.request,
+                    count: a.count,
+                    family: Some(match a.family {
+                        Family::Exclusive => FamilyKind::Exclusive,
+                        Family::Shared => FamilyKind::Shared,
+                        Family::Sliced => FamilyKind::Sliced,
+                    }),
+                    selector: DeviceSelector {
+                        vendor: a.selector.vendor,
+                        model: a.selector.model,
+                        pci_id: a.selector.pci_id,
+                        ids: a.selector.device_ids,
+                    },
+                    profile: a.profile,
+                    shares: a.shares,
+                })
+                .collect(),
+        ),
+    };
+    ClaimRequest {
+        uid: spec.uid,
+        namespace: spec.namespace,
+        name: spec.name,
+        ask,
+    }
+}
+
+#[async_trait]
+impl ClaimService for ClaimsFacade {
+    async fn prepare(&self, claims: Vec<ClaimSpec>) -> PrepareResults {
+        let engine = self.agent.engine();
+        let work = claims.into_iter().map(|spec| async move {
+            let uid = spec.uid.clone();
+            let result = engine.prepare(to_request(spec)).await;
+            let answer = match result {
+                Ok(p) => {
+                    tracing::info!(claim = %uid, already = p.already, devices = p.devices.len(), "claim prepared");
+                    Ok(p.devices
+                        .into_iter()
+                        .map(|d| PreparedDevice {
+                            request_names: vec![d.request],
+                            pool: d.pool,
+                            device: d.device,
+                            cdi_device_ids: vec![d.cdi_id],
+                            share_id: None,
+                        })
+                        .collect())
+                }
+                Err(e) => {
+                    tracing::warn!(claim = %uid, error = %e, "claim not prepared");
+                    Err(e.to_string())
+                }
+            };
+            (uid, answer)
+        });
+        futures::future::join_all(work).await.into_iter().collect()
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
+        let engine = self.agent.engine();
+        let work = claims.into_iter().map(|c| async move {
+            let result = engine.unprepare(&c.uid).await.map_err(|e| e.to_string());
+            match &result {
+                Ok(()) => tracing::info!(claim = %c.uid, "claim unprepared"),
+                Err(e) => tracing::warn!(claim = %c.uid, error = %e, "claim not unprepared"),
+            }
+            (c.uid, result)
+        });
+        futures::future::join_all(work).await.into_iter().collect()
+    }
+
+    async fn list(&self) -> Vec<ClaimInfo> {
+        let engine = self.agent.engine();
+        engine
+            .claims()
+            .into_iter()
+            .map(|(a, origin)| {
+                let ids = engine
+                    .spec_store()
+                    .device_ids(&a.claim_uid, a.results.len())
+                    .unwrap_or_default();
+                let state = match origin {
+                    Origin::Adopted { .. } => ClaimState::Adopted,
+                    _ => ClaimState::Prepared,
+                };
+                ClaimInfo {
+                    uid: a.claim_uid.clone(),
+                    namespace: a.namespace.clone(),
+                    name: a.name.clone(),
+                    state,
+                    devices: a
+                        .results
+                        .iter()
+                        .zip(ids)
+                        .map(|(g, id)| PreparedDevice {
+                            request_names: vec![g.request.clone()],
+                            pool: g.pool.clone(),
+                            device: g.device.clone(),
+                            cdi_device_ids: vec![id],
+                            share_id: None,
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    async fn status(&self) -> serde_json::Value {
+        self.agent.status(self.gate.is_open())
+    }
+}

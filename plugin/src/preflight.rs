@@ -1,0 +1,316 @@
+//! Startup checks of the host paths the daemon needs, before anything else touches them.
+//!
+//! The daemon refuses to start when the NRI socket is missing or is not a socket, or when the state
+//! dir, the CDI spec dir or the claims socket dir cannot be written. Each problem is one sentence
+//! that names the path and says what to do; all problems are reported at once so an operator fixes
+//! them in one round. Missing directories are created (one level, with the mode the packaging's
+//! tmpfiles.d entry uses) when their parent exists; a missing parent means a wrong path in the
+//! config or a broken host, and is refused rather than papered over with `mkdir -p`.
+//!
+//! Every path is a parameter, so tests run the real checks on temp dirs.
+
+use std::fmt;
+use std::fs::DirBuilder;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
+use std::path::{Path, PathBuf};
+
+/// Environment variable the runtime sets when it launches the plugin itself and hands it a
+/// connected socket: the NRI socket path is not used then.
+pub const NRI_PLUGIN_SOCKET_ENV: &str = "NRI_PLUGIN_SOCKET";
+
+/// Whether the runtime launched this process with a pre-connected NRI socket.
+pub fn launched_by_runtime() -> bool {
+    std::env::var_os(NRI_PLUGIN_SOCKET_ENV).is_some()
+}
+
+/// Which directory a check is about, for the messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirRole {
+    /// The checkpoint directory (default `/var/lib/nri-accel`), mode 0700.
+    State,
+    /// The CDI spec directory the runtime reads (default `/var/run/cdi`), mode 0755.
+    Cdi,
+    /// The directory of the claims API socket (default `/run/nri-accel`), mode 0750.
+    ClaimsSocket,
+}
+
+impl DirRole {
+    /// Mode used when the directory has to be created (matches `packaging/nri-accel.tmpfiles`).
+    pub fn create_mode(self) -> u32 {
+        match self {
+            DirRole::State => 0o700,
+            DirRole::Cdi => 0o755,
+            DirRole::ClaimsSocket => 0o750,
+        }
+    }
+}
+
+impl fmt::Display for DirRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DirRole::State => "state dir",
+            DirRole::Cdi => "CDI spec dir",
+            DirRole::ClaimsSocket => "claims socket dir",
+        })
+    }
+}
+
+/// The host paths to check.
+#[derive(Clone, Debug)]
+pub struct PreflightPaths {
+    /// The runtime's NRI socket; `None` when the runtime launched the plugin (no socket to dial).
+    pub nri_socket: Option<PathBuf>,
+    /// The checkpoint directory.
+    pub state_dir: PathBuf,
+    /// The CDI spec directory.
+    pub cdi_dir: PathBuf,
+    /// The directory that will hold the claims API socket.
+    pub claims_socket_dir: PathBuf,
+}
+
+/// One problem found; its message is the sentence the daemon logs before exiting.
+#[derive(Debug, thiserror::Error)]
+pub enum PreflightError {
+    /// The NRI socket does not exist.
+    #[error(
+        "NRI socket {path} does not exist: enable NRI in the container runtime (see the operator \
+         guide's containerd and CRI-O snippets), restart the runtime, or set the NRI socket path in \
+         the config"
+    )]
+    NriSocketMissing {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// Something other than a socket sits at the NRI socket path.
+    #[error(
+        "NRI socket {path} exists but is not a unix socket: point the config at the runtime's NRI socket"
+    )]
+    NriSocketNotSocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The NRI socket exists but this process may not connect to it.
+    #[error(
+        "NRI socket {path} is not writable by this process ({source}): run the daemon as the \
+         socket's owner (root for containerd and CRI-O)"
+    )]
+    NriSocketNoAccess {
+        /// The socket path.
+        path: PathBuf,
+        /// Why access was refused.
+        source: nix::Error,
+    },
+    /// The NRI socket could not be inspected.
+    #[error(
+        "cannot inspect NRI socket {path}: {source}; check the path and its parent directories"
+    )]
+    NriSocketStat {
+        /// The socket path.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The directory is missing and so is its parent.
+    #[error(
+        "{role} {path} does not exist and neither does its parent: create it (the packaged \
+         tmpfiles.d entry does) or fix the path in the config"
+    )]
+    ParentMissing {
+        /// Which directory.
+        role: DirRole,
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Something other than a directory sits at the path.
+    #[error(
+        "{role} {path} exists but is not a directory: move it away or fix the path in the config"
+    )]
+    NotADirectory {
+        /// Which directory.
+        role: DirRole,
+        /// The path.
+        path: PathBuf,
+    },
+    /// The directory was missing and creating it failed.
+    #[error(
+        "{role} {path} is missing and could not be created: {source}; create it by hand (mode {mode:o})"
+    )]
+    Create {
+        /// Which directory.
+        role: DirRole,
+        /// The directory.
+        path: PathBuf,
+        /// Mode it would have been created with.
+        mode: u32,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The directory exists but a file cannot be created in it.
+    #[error(
+        "{role} {path} is not writable: {source}; give root write access to it, and under systemd \
+         keep it in the unit's ReadWritePaths"
+    )]
+    NotWritable {
+        /// Which directory.
+        role: DirRole,
+        /// The directory.
+        path: PathBuf,
+        /// The error from creating a probe file.
+        source: io::Error,
+    },
+    /// The directory could not be inspected.
+    #[error("cannot inspect {role} {path}: {source}; check the path and its parent directories")]
+    Stat {
+        /// Which directory.
+        role: DirRole,
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+}
+
+/// Every problem preflight found; the daemon logs each and exits non-zero.
+#[derive(Debug)]
+pub struct PreflightFailed {
+    /// The problems, in the order checked (NRI socket, state dir, CDI dir, claims socket dir).
+    pub problems: Vec<PreflightError>,
+}
+
+impl fmt::Display for PreflightFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "refusing to start, {} problem(s) found:",
+            self.problems.len()
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PreflightFailed {}
+
+/// What preflight did on success.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PreflightReport {
+    /// Directories that were missing and were created.
+    pub created: Vec<PathBuf>,
+}
+
+/// Run every check; `Ok` only when all pass.
+pub fn run(paths: &PreflightPaths) -> Result<PreflightReport, PreflightFailed> {
+    let mut problems = Vec::new();
+    let mut report = PreflightReport::default();
+    if let Some(socket) = &paths.nri_socket
+        && let Err(e) = check_nri_socket(socket)
+    {
+        problems.push(e);
+    }
+    for (role, dir) in [
+        (DirRole::State, &paths.state_dir),
+        (DirRole::Cdi, &paths.cdi_dir),
+        (DirRole::ClaimsSocket, &paths.claims_socket_dir),
+    ] {
+        match ensure_writable_dir(role, dir) {
+            Ok(true) => report.created.push(dir.clone()),
+            Ok(false) => {}
+            Err(e) => problems.push(e),
+        }
+    }
+    if problems.is_empty() {
+        Ok(report)
+    } else {
+        Err(PreflightFailed { problems })
+    }
+}
+
+/// Check that `path` is a unix socket this process may connect to (connect needs write access).
+pub fn check_nri_socket(path: &Path) -> Result<(), PreflightError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(PreflightError::NriSocketMissing {
+                path: path.to_owned(),
+            });
+        }
+        Err(source) => {
+            return Err(PreflightError::NriSocketStat {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    if !meta.file_type().is_socket() {
+        return Err(PreflightError::NriSocketNotSocket {
+            path: path.to_owned(),
+        });
+    }
+    nix::unistd::access(path, nix::unistd::AccessFlags::W_OK).map_err(|source| {
+        PreflightError::NriSocketNoAccess {
+            path: path.to_owned(),
+            source,
+        }
+    })
+}
+
+/// Make sure `dir` is a directory a file can be created in; create it (one level) when missing.
+/// Returns whether it was created.
+pub fn ensure_writable_dir(role: DirRole, dir: &Path) -> Result<bool, PreflightError> {
+    let created = match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => false,
+        Ok(_) => {
+            return Err(PreflightError::NotADirectory {
+                role,
+                path: dir.to_owned(),
+            });
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let parent_exists = dir.parent().is_some_and(|p| p.is_dir());
+            if !parent_exists {
+                return Err(PreflightError::ParentMissing {
+                    role,
+                    path: dir.to_owned(),
+                });
+            }
+            let mode = role.create_mode();
+            match DirBuilder::new().mode(mode).create(dir) {
+                Ok(()) => true,
+                // Another process created it between our stat and mkdir: fine.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+                Err(source) => {
+                    return Err(PreflightError::Create {
+                        role,
+                        path: dir.to_owned(),
+                        mode,
+                        source,
+                    });
+                }
+            }
+        }
+        Err(source) => {
+            return Err(PreflightError::Stat {
+                role,
+                path: dir.to_owned(),
+                source,
+            });
+        }
+    };
+    // A real probe: permissions, read-only mounts (ProtectSystem) and full disks all show here.
+    let probe = tempfile::Builder::new()
+        .prefix(".nri-accel-preflight-")
+        .tempfile_in(dir)
+        .map_err(|source| PreflightError::NotWritable {
+            role,
+            path: dir.to_owned(),
+            source,
+        })?;
+    // Dropping the probe removes it; a failed removal leaves a harmless dot-file.
+    if let Err(e) = probe.close() {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not remove the preflight probe file");
+    }
+    Ok(created)
+}

@@ -1,0 +1,197 @@
+//! Preflight on real files in temp dirs: what passes, what is created, and the sentences of each
+//! refusal (they must name the path).
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+
+use nri_accel::preflight::{DirRole, PreflightError, PreflightPaths, check_nri_socket, run};
+
+struct Host {
+    root: tempfile::TempDir,
+    _listener: UnixListener,
+}
+
+impl Host {
+    /// A host with a live NRI socket and the three directories present.
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        for d in ["state", "cdi", "run"] {
+            std::fs::create_dir(root.path().join(d)).unwrap();
+        }
+        let listener = UnixListener::bind(root.path().join("nri.sock")).unwrap();
+        Self {
+            root,
+            _listener: listener,
+        }
+    }
+
+    fn p(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+
+    fn paths(&self) -> PreflightPaths {
+        PreflightPaths {
+            nri_socket: Some(self.p("nri.sock")),
+            state_dir: self.p("state"),
+            cdi_dir: self.p("cdi"),
+            claims_socket_dir: self.p("run"),
+        }
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+#[test]
+fn healthy_host_passes_and_creates_nothing() {
+    let host = Host::new();
+    let report = run(&host.paths()).unwrap();
+    assert!(report.created.is_empty());
+    // The write probe left nothing behind.
+    assert_eq!(std::fs::read_dir(host.p("state")).unwrap().count(), 0);
+}
+
+#[test]
+fn missing_dirs_are_created_with_their_modes() {
+    let host = Host::new();
+    for d in ["state", "cdi", "run"] {
+        std::fs::remove_dir(host.p(d)).unwrap();
+    }
+    let report = run(&host.paths()).unwrap();
+    assert_eq!(
+        report.created,
+        vec![host.p("state"), host.p("cdi"), host.p("run")]
+    );
+    let mode = |rel: &str| std::fs::metadata(host.p(rel)).unwrap().permissions().mode() & 0o777;
+    // The umask can only take bits away.
+    assert_eq!(mode("state"), 0o700);
+    assert_eq!(mode("cdi") & !0o755, 0);
+    assert_eq!(mode("run") & !0o750, 0);
+    assert_eq!(DirRole::State.create_mode(), 0o700);
+}
+
+#[test]
+fn launched_by_runtime_skips_the_socket() {
+    let host = Host::new();
+    std::fs::remove_file(host.p("nri.sock")).unwrap();
+    let mut paths = host.paths();
+    paths.nri_socket = None;
+    run(&paths).unwrap();
+}
+
+#[test]
+fn missing_socket_is_named() {
+    let host = Host::new();
+    std::fs::remove_file(host.p("nri.sock")).unwrap();
+    let err = run(&host.paths()).unwrap_err();
+    assert_eq!(err.problems.len(), 1);
+    assert!(matches!(
+        err.problems[0],
+        PreflightError::NriSocketMissing { .. }
+    ));
+    let text = err.to_string();
+    assert!(
+        text.contains(host.p("nri.sock").to_str().unwrap()),
+        "{text}"
+    );
+    assert!(text.contains("enable NRI"), "{text}");
+}
+
+#[test]
+fn regular_file_is_not_a_socket() {
+    let host = Host::new();
+    let file = host.p("plain");
+    std::fs::write(&file, b"").unwrap();
+    let err = check_nri_socket(&file).unwrap_err();
+    assert!(
+        matches!(err, PreflightError::NriSocketNotSocket { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("plain"), "{err}");
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let host = Host::new();
+    std::fs::remove_file(host.p("nri.sock")).unwrap();
+    let mut paths = host.paths();
+    paths.state_dir = host.p("no/such/state");
+    std::fs::remove_dir(host.p("cdi")).unwrap();
+    std::fs::write(host.p("cdi"), b"not a dir").unwrap();
+    let err = run(&paths).unwrap_err();
+    assert_eq!(err.problems.len(), 3, "{err}");
+    assert!(matches!(
+        err.problems[0],
+        PreflightError::NriSocketMissing { .. }
+    ));
+    assert!(matches!(
+        err.problems[1],
+        PreflightError::ParentMissing {
+            role: DirRole::State,
+            ..
+        }
+    ));
+    assert!(matches!(
+        err.problems[2],
+        PreflightError::NotADirectory {
+            role: DirRole::Cdi,
+            ..
+        }
+    ));
+    let text = err.to_string();
+    assert!(text.contains("no/such/state"), "{text}");
+    assert!(text.contains("CDI spec dir"), "{text}");
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The refusal of a read-only dir, and the claim the unit relies on: root with no capability at
+/// all still writes root-owned dirs and reaches a root-owned socket. As root this runs in a child
+/// process (this test re-run) that first drops every capability, so the test process keeps its own.
+#[test]
+fn read_only_dir_is_refused_and_no_capability_is_needed() {
+    const CHILD: &str = "NRI_ACCEL_TEST_PREFLIGHT_CHILD";
+    if is_root() && std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "read_only_dir_is_refused_and_no_capability_is_needed",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("CHILD-OK"),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    if is_root() {
+        let report = nri_accel::privileges::drop_to(&Default::default()).unwrap();
+        assert!(report.kept.is_empty(), "{report:?}");
+    }
+    let host = Host::new();
+    // No capability: a healthy host (dirs and socket owned by this user) still passes.
+    run(&host.paths()).unwrap();
+    set_mode(&host.p("cdi"), 0o555);
+    let err = run(&host.paths()).unwrap_err();
+    set_mode(&host.p("cdi"), 0o755);
+    assert_eq!(err.problems.len(), 1, "{err}");
+    assert!(matches!(
+        err.problems[0],
+        PreflightError::NotWritable {
+            role: DirRole::Cdi,
+            ..
+        }
+    ));
+    assert!(err.to_string().contains("ReadWritePaths"), "{err}");
+    println!("CHILD-OK");
+}
