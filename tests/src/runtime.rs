@@ -383,7 +383,23 @@ impl FakeRuntime {
         let c = conn.clone();
         tokio::spawn(async move { rt.read_responses(c, GoConnReader::new(rx1)).await });
         let rt = self.clone();
-        tokio::spawn(async move { rt.serve_runtime(conn, GoConnReader::new(rx2)).await });
+        let c = conn.clone();
+        tokio::spawn(async move { rt.serve_runtime(c, GoConnReader::new(rx2)).await });
+        // A plugin that has not registered (and been configured) in time is cut off.
+        let rt = self.clone();
+        let deadline = self.inner.config.registration_timeout;
+        tokio::spawn(async move {
+            let mut killed = conn.kill.subscribe();
+            tokio::select! {
+                _ = tokio::time::sleep(deadline) => {
+                    let current = rt.inner.plugin.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    if !current.is_some_and(|p| Arc::ptr_eq(&p, &conn)) {
+                        rt.fail(&conn, "plugin did not register in time".into());
+                    }
+                }
+                _ = killed.wait_for(|k| *k) => {}
+            }
+        });
     }
 
     fn lost(&self, conn: &Arc<PluginConn>, why: &str) {
