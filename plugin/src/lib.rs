@@ -2,8 +2,10 @@
 pub mod bootid;
 pub mod checkpoint;
 pub mod claims_api;
+pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod demo;
 pub mod discovery;
 pub mod engine;
 pub mod gate;

@@ -9,4 +9,6 @@ pub mod launch;
 pub mod runtime;
 pub mod wire;
 
-pub use runtime::{FakeError, FakeRuntime, PluginInfo, RuntimeConfig, nri_mask_for, split_sync};
+pub use runtime::{
+    FakeError, FakeRuntime, PluginInfo, RuntimeConfig, encode_sync_chunks, nri_mask_for,
+};

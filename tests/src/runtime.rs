@@ -8,12 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nri_proto::api::*;
-use nri_proto::protobuf::{Message, MessageField};
+use nri_proto::protobuf::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::wire::{self, GoConnReader, Request, Response};
+
+mod calls;
+pub use calls::{encode_sync_chunks, nri_mask_for};
 
 const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
 const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
@@ -380,7 +383,23 @@ impl FakeRuntime {
         let c = conn.clone();
         tokio::spawn(async move { rt.read_responses(c, GoConnReader::new(rx1)).await });
         let rt = self.clone();
-        tokio::spawn(async move { rt.serve_runtime(conn, GoConnReader::new(rx2)).await });
+        let c = conn.clone();
+        tokio::spawn(async move { rt.serve_runtime(c, GoConnReader::new(rx2)).await });
+        // A plugin that has not registered (and been configured) in time is cut off.
+        let rt = self.clone();
+        let deadline = self.inner.config.registration_timeout;
+        tokio::spawn(async move {
+            let mut killed = conn.kill.subscribe();
+            tokio::select! {
+                _ = tokio::time::sleep(deadline) => {
+                    let current = rt.inner.plugin.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    if !current.is_some_and(|p| Arc::ptr_eq(&p, &conn)) {
+                        rt.fail(&conn, "plugin did not register in time".into());
+                    }
+                }
+                _ = killed.wait_for(|k| *k) => {}
+            }
+        });
     }
 
     fn lost(&self, conn: &Arc<PluginConn>, why: &str) {
@@ -571,18 +590,17 @@ impl FakeRuntime {
     }
 
     async fn synchronize(&self, conn: &Arc<PluginConn>) -> Result<(), FakeError> {
-        let (pods, containers) = {
+        let chunks = {
             let st = self.state();
-            (st.pods.clone(), st.containers.clone())
+            encode_sync_chunks(&st.pods, &st.containers)
         };
-        let chunks = split_sync(pods, containers);
         let n = chunks.len();
         let budget = self.inner.config.request_timeout;
         let started = tokio::time::Instant::now();
         let mut final_updates = Vec::new();
         for (i, chunk) in chunks.into_iter().enumerate() {
             let left = budget.saturating_sub(started.elapsed());
-            let resp: SynchronizeResponse = self.call_on(conn, "Synchronize", &chunk, left).await?;
+            let resp: SynchronizeResponse = self.call_raw(conn, "Synchronize", chunk, left).await?;
             let last = i + 1 == n;
             if !last && (!resp.more || !resp.update.is_empty()) {
                 return Err(FakeError::Wire(
@@ -610,6 +628,16 @@ impl FakeRuntime {
         let payload = req
             .write_to_bytes()
             .map_err(|e| FakeError::Wire(e.to_string()))?;
+        self.call_raw(conn, method, payload, timeout).await
+    }
+
+    async fn call_raw<A: Message>(
+        &self,
+        conn: &Arc<PluginConn>,
+        method: &str,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<A, FakeError> {
         let body = Request {
             service: PLUGIN_SERVICE.into(),
             method: method.into(),
@@ -664,192 +692,4 @@ impl FakeRuntime {
         A::parse_from_bytes(&resp.payload)
             .map_err(|e| FakeError::Wire(format!("bad {method} reply: {e}")))
     }
-
-    /// Calls a plugin method on the current plugin with the 2 s request timeout.
-    pub async fn call<Q: Message, A: Message>(
-        &self,
-        method: &str,
-        req: &Q,
-    ) -> Result<A, FakeError> {
-        let conn = self.current()?;
-        self.call_on(&conn, method, req, self.inner.config.request_timeout)
-            .await
-    }
-
-    fn subscribed(&self, event: Event) -> Result<(), FakeError> {
-        let events = self.plugin().ok_or(FakeError::NoPlugin)?.events;
-        let bit = 1u32 << (event as i32 - 1);
-        if events == 0 || events & bit != 0 {
-            Ok(())
-        } else {
-            Err(FakeError::NotSubscribed(event_name(event)))
-        }
-    }
-
-    /// Sends CreateContainer and records the adjustment.
-    pub async fn create_container(
-        &self,
-        pod: &PodSandbox,
-        c: &Container,
-    ) -> Result<CreateContainerResponse, FakeError> {
-        self.subscribed(Event::CREATE_CONTAINER)?;
-        let mut req = CreateContainerRequest::new();
-        req.pod = MessageField::some(pod.clone());
-        req.container = MessageField::some(c.clone());
-        let resp: CreateContainerResponse = self.call("CreateContainer", &req).await?;
-        if let Some(adj) = resp.adjust.as_ref() {
-            self.state().adjustments.push((c.id.clone(), adj.clone()));
-        }
-        Ok(resp)
-    }
-
-    /// Sends UpdateContainer.
-    pub async fn update_container(
-        &self,
-        pod: &PodSandbox,
-        c: &Container,
-        resources: Option<LinuxResources>,
-    ) -> Result<UpdateContainerResponse, FakeError> {
-        self.subscribed(Event::UPDATE_CONTAINER)?;
-        let mut req = UpdateContainerRequest::new();
-        req.pod = MessageField::some(pod.clone());
-        req.container = MessageField::some(c.clone());
-        req.linux_resources = MessageField::from_option(resources);
-        self.call("UpdateContainer", &req).await
-    }
-
-    /// Sends StopContainer.
-    pub async fn stop_container(
-        &self,
-        pod: &PodSandbox,
-        c: &Container,
-    ) -> Result<StopContainerResponse, FakeError> {
-        self.subscribed(Event::STOP_CONTAINER)?;
-        let mut req = StopContainerRequest::new();
-        req.pod = MessageField::some(pod.clone());
-        req.container = MessageField::some(c.clone());
-        self.call("StopContainer", &req).await
-    }
-
-    /// Sends a notification event (RunPodSandbox, StopPodSandbox, RemovePodSandbox,
-    /// PostCreateContainer, StartContainer, PostStartContainer, PostUpdateContainer,
-    /// RemoveContainer, PostUpdatePodSandbox) the way the configured NRI version does: v0.12+ calls
-    /// the dedicated RPC and falls back to StateChange on Unimplemented; older runtimes send
-    /// StateChange only. Returns whether the StateChange path was used.
-    pub async fn notify(
-        &self,
-        event: Event,
-        pod: &PodSandbox,
-        c: Option<&Container>,
-    ) -> Result<bool, FakeError> {
-        self.subscribed(event)?;
-        let dedicated = nri_minor(&self.inner.config.nri_version) >= 12;
-        if dedicated {
-            let method = method_name(event).ok_or(FakeError::NotSubscribed(event_name(event)))?;
-            // Every notification request is {pod = 1, container = 2}: encode it as the container form.
-            let mut req = PostCreateContainerRequest::new();
-            req.pod = MessageField::some(pod.clone());
-            req.container = MessageField::from_option(c.cloned());
-            match self.call::<_, Empty>(method, &req).await {
-                Ok(_) => return Ok(false),
-                Err(FakeError::Status {
-                    code: CODE_UNIMPLEMENTED,
-                    ..
-                }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let mut ev = StateChangeEvent::new();
-        ev.event = event.into();
-        ev.pod = MessageField::some(pod.clone());
-        ev.container = MessageField::from_option(c.cloned());
-        self.call::<_, Empty>("StateChange", &ev).await?;
-        Ok(true)
-    }
-
-    /// Sends Synchronize again with the current pods and containers.
-    pub async fn resynchronize(&self) -> Result<(), FakeError> {
-        let conn = self.current()?;
-        self.synchronize(&conn).await?;
-        self.inner.synced.send_modify(|n| *n += 1);
-        Ok(())
-    }
-}
-
-/// Splits a Synchronize into chunks that each fit the 4 MiB ttrpc limit (`more` set on all but the
-/// last), as the runtime does after ResourceExhausted. One chunk when everything fits.
-pub fn split_sync(pods: Vec<PodSandbox>, containers: Vec<Container>) -> Vec<SynchronizeRequest> {
-    const LIMIT: u64 = wire::MAX_BODY as u64 - 64 * 1024;
-    let mut whole = SynchronizeRequest::new();
-    whole.pods = pods;
-    whole.containers = containers;
-    if whole.compute_size() <= LIMIT {
-        return vec![whole];
-    }
-    let mut chunks = Vec::new();
-    let mut cur = SynchronizeRequest::new();
-    let mut size = 0u64;
-    let push =
-        |cur: &mut SynchronizeRequest, size: &mut u64, chunks: &mut Vec<SynchronizeRequest>| {
-            let mut done = std::mem::take(cur);
-            done.more = true;
-            chunks.push(done);
-            *size = 0;
-        };
-    for p in whole.pods {
-        let s = p.compute_size() + 8;
-        if size + s > LIMIT {
-            push(&mut cur, &mut size, &mut chunks);
-        }
-        size += s;
-        cur.pods.push(p);
-    }
-    for c in whole.containers {
-        let s = c.compute_size() + 8;
-        if size + s > LIMIT {
-            push(&mut cur, &mut size, &mut chunks);
-        }
-        size += s;
-        cur.containers.push(c);
-    }
-    cur.more = false;
-    chunks.push(cur);
-    chunks
-}
-
-fn nri_minor(v: &str) -> u32 {
-    let v = v.trim_start_matches('v');
-    let mut it = v.split('.');
-    let major: u32 = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let minor: u32 = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-    if major > 0 { u32::MAX } else { minor }
-}
-
-/// The event mask a runtime of NRI version `v` accepts (its own reading of the rule).
-pub fn nri_mask_for(v: &str) -> u32 {
-    if nri_minor(v) >= 10 { 0x3FFF } else { 0x7FF }
-}
-
-fn method_name(e: Event) -> Option<&'static str> {
-    Some(match e {
-        Event::RUN_POD_SANDBOX => "RunPodSandbox",
-        Event::STOP_POD_SANDBOX => "StopPodSandbox",
-        Event::REMOVE_POD_SANDBOX => "RemovePodSandbox",
-        Event::POST_CREATE_CONTAINER => "PostCreateContainer",
-        Event::START_CONTAINER => "StartContainer",
-        Event::POST_START_CONTAINER => "PostStartContainer",
-        Event::POST_UPDATE_CONTAINER => "PostUpdateContainer",
-        Event::REMOVE_CONTAINER => "RemoveContainer",
-        Event::POST_UPDATE_POD_SANDBOX => "PostUpdatePodSandbox",
-        _ => return None,
-    })
-}
-
-fn event_name(e: Event) -> &'static str {
-    method_name(e).unwrap_or(match e {
-        Event::CREATE_CONTAINER => "CreateContainer",
-        Event::UPDATE_CONTAINER => "UpdateContainer",
-        Event::STOP_CONTAINER => "StopContainer",
-        _ => "event",
-    })
 }

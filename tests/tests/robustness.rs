@@ -264,3 +264,25 @@ async fn fake_runtime_refuses_events_its_nri_version_does_not_know() {
     );
     assert!(rt.plugin().is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_runtime_cuts_off_a_plugin_that_never_registers() {
+    let cfg = RuntimeConfig {
+        registration_timeout: std::time::Duration::from_millis(100),
+        ..Default::default()
+    };
+    let rt = FakeRuntime::new(cfg);
+    let theirs = rt.socketpair().unwrap();
+    theirs.set_nonblocking(true).unwrap();
+    let mut silent = UnixStream::from_std(theirs).unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(HANG_GUARD, silent.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    let errors = rt.errors();
+    assert!(
+        errors.iter().any(|e| e.contains("did not register")),
+        "{errors:?}"
+    );
+}

@@ -91,3 +91,56 @@ pub enum Command {
         dry_run: bool,
     },
 }
+
+mod check_config;
+mod claims;
+mod discover;
+mod reconcile;
+mod run;
+pub mod status;
+
+use std::process::ExitCode;
+
+use crate::config::Config;
+
+/// Loads the config named on the command line; a missing default file gives the defaults.
+pub fn load_config(path: &std::path::Path) -> anyhow::Result<Config> {
+    use anyhow::Context;
+    if path == std::path::Path::new(DEFAULT_CONFIG) && !path.exists() {
+        tracing::info!("{DEFAULT_CONFIG} not found: using the built-in defaults");
+        return Ok(Config::default());
+    }
+    Config::load(path).with_context(|| format!("loading the config {}", path.display()))
+}
+
+/// Runs the subcommand; the exit code says how it went.
+pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run => run::run(&cli.config).await,
+        Command::Demo { keep } => crate::demo::run(keep).await,
+        Command::Status { json } => status::run(&cli.config, json).await,
+        Command::Discover { sysfs_root, json } => discover::run(&cli.config, sysfs_root, json),
+        Command::CheckConfig { file } => check_config::run(file.as_deref().unwrap_or(&cli.config)),
+        Command::Prepare {
+            uid,
+            count,
+            family,
+            vendor,
+            profile,
+            devices,
+            namespace,
+            name,
+        } => {
+            let ask = claims::CountArgs {
+                count,
+                family,
+                vendor,
+                profile,
+                devices,
+            };
+            claims::prepare(&cli.config, uid, namespace, name, ask).await
+        }
+        Command::Unprepare { uid } => claims::unprepare(&cli.config, uid).await,
+        Command::Reconcile { dry_run } => reconcile::run(&cli.config, dry_run).await,
+    }
+}

@@ -238,7 +238,12 @@ impl Agent {
         let (adjustment, updates) = self.engine.container_started(&c.id, &claim_list);
         let managed = self.settings.manage_shared_cpus || !claims.is_empty();
         self.containers().set(&c.id, claims);
-        grant.env.extend(adjustment.env);
+        for (k, v) in adjustment.env {
+            match grant.env.iter_mut().find(|(key, _)| *key == k) {
+                Some(existing) => existing.1 = v,
+                None => grant.env.push((k, v)),
+            }
+        }
         if managed {
             grant.cpus = adjustment.cpus;
             grant.mems = adjustment.mems;

@@ -11,5 +11,5 @@ pub mod run;
 pub mod service;
 
 pub use nri::NriPlugin;
-pub use service::ClaimsFacade;
 pub use run::{Daemon, DaemonError, DaemonOptions};
+pub use service::ClaimsFacade;

@@ -16,6 +16,7 @@ use nri_proto::{EventMask, Plugin, PluginError};
 use super::agent::{Agent, ContainerGrant, Injection};
 use super::containers::ContainerView;
 use crate::config::CdiInjection;
+use crate::metrics::Metrics;
 
 /// Runtimes known to honour CDI device names in adjustments: (name, first version).
 const CDI_ADJUSTMENT_RUNTIMES: [(&str, (u32, u32, u32)); 2] =
@@ -24,19 +25,21 @@ const CDI_ADJUSTMENT_RUNTIMES: [(&str, (u32, u32, u32)); 2] =
 /// The daemon's NRI plugin.
 pub struct NriPlugin {
     agent: Arc<Agent>,
+    metrics: Arc<Metrics>,
     injection_setting: CdiInjection,
     injection: Mutex<Injection>,
 }
 
 impl NriPlugin {
     /// A plugin over `agent`; `setting` is the config's `nri.cdi_injection`.
-    pub fn new(agent: Arc<Agent>, setting: CdiInjection) -> Self {
+    pub fn new(agent: Arc<Agent>, setting: CdiInjection, metrics: Arc<Metrics>) -> Self {
         let initial = match setting {
             CdiInjection::Cdi => Injection::Cdi,
             _ => Injection::DeviceNodes,
         };
         NriPlugin {
             agent,
+            metrics,
             injection_setting: setting,
             injection: Mutex::new(initial),
         }
@@ -92,7 +95,9 @@ pub fn view(pod: &PodSandbox, c: &Container) -> ContainerView {
                 l.devices
                     .iter()
                     .filter(|d| d.type_ == "c" || d.type_.is_empty())
-                    .filter_map(|d| Some((u32::try_from(d.major).ok()?, u32::try_from(d.minor).ok()?)))
+                    .filter_map(|d| {
+                        Some((u32::try_from(d.major).ok()?, u32::try_from(d.minor).ok()?))
+                    })
                     .collect()
             })
             .unwrap_or_default(),
@@ -156,7 +161,11 @@ pub fn adjustment(grant: &ContainerGrant) -> ContainerAdjustment {
         linux.devices.push(d);
         let mut rule = LinuxDeviceCgroup::new();
         rule.allow = true;
-        rule.type_ = linux.devices.last().map(|d| d.type_.clone()).unwrap_or_default();
+        rule.type_ = linux
+            .devices
+            .last()
+            .map(|d| d.type_.clone())
+            .unwrap_or_default();
         rule.major = MessageField::some(int64(i64::from(node.major)));
         rule.minor = MessageField::some(int64(i64::from(node.minor)));
         rule.access = node.permissions.clone();
@@ -164,8 +173,16 @@ pub fn adjustment(grant: &ContainerGrant) -> ContainerAdjustment {
     }
     if grant.cpus.is_some() || grant.mems.is_some() {
         let mut cpu = LinuxCPU::new();
-        cpu.cpus = grant.cpus.as_ref().map(|c| c.to_string()).unwrap_or_default();
-        cpu.mems = grant.mems.as_ref().map(|c| c.to_string()).unwrap_or_default();
+        cpu.cpus = grant
+            .cpus
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_default();
+        cpu.mems = grant
+            .mems
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_default();
         resources.cpu = MessageField::some(cpu);
     }
     if resources != LinuxResources::new() {
@@ -231,10 +248,26 @@ impl Plugin for NriPlugin {
         let empty = PodSandbox::new();
         let views: Vec<ContainerView> = containers
             .iter()
-            .map(|c| view(by_id.get(c.pod_sandbox_id.as_str()).copied().unwrap_or(&empty), c))
+            .map(|c| {
+                view(
+                    by_id
+                        .get(c.pod_sandbox_id.as_str())
+                        .copied()
+                        .unwrap_or(&empty),
+                    c,
+                )
+            })
             .collect();
+        let started = std::time::Instant::now();
         let updates = self.agent.synchronize(&views).await;
-        tracing::info!(pods = pods.len(), containers = containers.len(), updates = updates.len(), "synchronized with the runtime");
+        self.metrics
+            .record_nri_event("Synchronize", started.elapsed(), false);
+        tracing::info!(
+            pods = pods.len(),
+            containers = containers.len(),
+            updates = updates.len(),
+            "synchronized with the runtime"
+        );
         Ok(updates.iter().map(update).collect())
     }
 
@@ -244,7 +277,11 @@ impl Plugin for NriPlugin {
         container: Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
         let v = view(&pod, &container);
-        match self.agent.create_container(&v, self.injection()).await {
+        let started = std::time::Instant::now();
+        let result = self.agent.create_container(&v, self.injection()).await;
+        self.metrics
+            .record_nri_event("CreateContainer", started.elapsed(), result.is_err());
+        match result {
             Ok((grant, updates)) => {
                 if !grant.is_empty() {
                     tracing::info!(container = %v.id, name = %v.name, pod = %format!("{}/{}", v.pod_namespace, v.pod_name),
@@ -273,10 +310,11 @@ impl Plugin for NriPlugin {
         _pod: PodSandbox,
         container: Container,
     ) -> Result<(), PluginError> {
-        self.agent
-            .remove_container(&container.id)
-            .await
-            .map_err(PluginError::failed)
+        let started = std::time::Instant::now();
+        let result = self.agent.remove_container(&container.id).await;
+        self.metrics
+            .record_nri_event("RemoveContainer", started.elapsed(), result.is_err());
+        result.map_err(PluginError::failed)
     }
 }
 

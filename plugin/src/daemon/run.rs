@@ -18,6 +18,7 @@ use crate::claims_api::{ClaimsServer, DefaultPeerPolicy, Limits, ServerOptions};
 use crate::config::{CdiConfig, Config};
 use crate::engine::{CrashHook, Engine, StartupReport, UpdateSink};
 use crate::gate::Gate;
+use crate::metrics::{HealthState, Metrics};
 use crate::nodelock::{NodeLock, NodeLockGuard};
 
 /// How long a starting daemon waits for another nri-accel to release the node lock.
@@ -72,6 +73,8 @@ pub struct DaemonOptions {
 /// A running daemon.
 pub struct Daemon {
     agent: Arc<Agent>,
+    metrics: Arc<Metrics>,
+    health: HealthState,
     gate: Gate,
     stub: Arc<Stub>,
     claims: Option<ClaimsServer>,
@@ -135,9 +138,12 @@ impl Daemon {
             Err(_) => {
                 tracing::warn!(lock = %lock.path().display(), "another nri-accel holds the node lock; waiting for it to exit");
                 let path = lock.path().to_path_buf();
-                tokio::task::spawn_blocking(move || NodeLock::open(&path.parent().map(|p| p.to_path_buf()).unwrap_or_default())?.lock(NODE_LOCK_WAIT))
-                    .await
-                    .map_err(|e| DaemonError::BootId(std::io::Error::other(e.to_string())))??
+                tokio::task::spawn_blocking(move || {
+                    NodeLock::open(&path.parent().map(|p| p.to_path_buf()).unwrap_or_default())?
+                        .lock(NODE_LOCK_WAIT)
+                })
+                .await
+                .map_err(|e| DaemonError::BootId(std::io::Error::other(e.to_string())))??
             }
         };
 
@@ -151,13 +157,20 @@ impl Daemon {
                 "the node rebooted since the checkpoint was written: nothing prepared survived, records dropped");
         }
         if let Some(t) = &opened.torn_tail {
-            tracing::warn!(?t, "a commit torn by a crash was cut off the checkpoint log");
+            tracing::warn!(
+                ?t,
+                "a commit torn by a crash was cut off the checkpoint log"
+            );
         }
         let specs = cdi::SpecStore::open(store_config(&config.cdi))?;
         let (engine, report) = Engine::start(node, journal, specs, opts.crash)?;
-        tracing::info!(restored = report.plan.restore.len(), rolled_back = report.plan.roll_back.len(),
-            orphans_removed = report.plan.remove_specs.len(), pending_updates = report.pending_updates,
-            "checkpoint and specs reconciled");
+        tracing::info!(
+            restored = report.plan.restore.len(),
+            rolled_back = report.plan.roll_back.len(),
+            orphans_removed = report.plan.remove_specs.len(),
+            pending_updates = report.pending_updates,
+            "checkpoint and specs reconciled"
+        );
         let engine = Arc::new(engine);
         let agent = Arc::new(Agent::new(
             engine.clone(),
@@ -169,6 +182,8 @@ impl Daemon {
         ));
 
         let gate = Gate::new();
+        let metrics = Arc::new(Metrics::new());
+        let health = HealthState::new();
         let group = match &config.claims_api.group {
             None => None,
             Some(name) => Some(
@@ -187,8 +202,14 @@ impl Daemon {
                 ..Limits::default()
             },
         };
-        let facade = Arc::new(ClaimsFacade::new(agent.clone(), gate.clone()));
-        let claims = ClaimsServer::bind(&config.claims_api.socket, facade, gate.clone(), server_opts).await?;
+        let facade = Arc::new(ClaimsFacade::new(
+            agent.clone(),
+            gate.clone(),
+            metrics.clone(),
+        ));
+        let claims =
+            ClaimsServer::bind(&config.claims_api.socket, facade, gate.clone(), server_opts)
+                .await?;
         tracing::info!(socket = %config.claims_api.socket.display(), "claims API listening; refusing claims until the runtime's Synchronize");
 
         let mut builder = Stub::builder()
@@ -200,14 +221,28 @@ impl Daemon {
             None => builder.socket(config.nri.socket.clone()),
         };
         let stub = Arc::new(builder.build()?);
-        let plugin = Arc::new(NriPlugin::new(agent.clone(), config.nri.cdi_injection));
+        let plugin = Arc::new(NriPlugin::new(
+            agent.clone(),
+            config.nri.cdi_injection,
+            metrics.clone(),
+        ));
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(watch_connection(
             stub.subscribe(),
             stub.updater(),
             engine.clone(),
             gate.clone(),
+            metrics.clone(),
+            health.clone(),
         )));
+        let (a, m) = (agent.clone(), metrics.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            loop {
+                tick.tick().await;
+                refresh_gauges(&a, &m);
+            }
+        }));
         let runner = stub.clone();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = runner.run(plugin).await {
@@ -232,8 +267,11 @@ impl Daemon {
         }
         let e = engine.clone();
         tasks.push(tokio::spawn(async move { retry_pending(e).await }));
+        refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
+            metrics,
+            health,
             gate,
             stub,
             claims: Some(claims),
@@ -251,6 +289,16 @@ impl Daemon {
     /// The agent (engine and container map).
     pub fn agent(&self) -> &Arc<Agent> {
         &self.agent
+    }
+
+    /// The daemon's metrics (served on /metrics when configured).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// What /healthz reports.
+    pub fn health(&self) -> &HealthState {
+        &self.health
     }
 
     /// What startup reconciled.
@@ -281,18 +329,29 @@ async fn watch_connection(
     updater: Updater,
     engine: Arc<Engine>,
     gate: Gate,
+    metrics: Arc<Metrics>,
+    health: HealthState,
 ) {
     loop {
         match events.recv().await {
             Ok(StubEvent::Synchronized { pods, containers }) => {
                 engine.set_update_sink(Some(Arc::new(NriSink(updater.clone()))));
+                health.set_runtime_connected(true);
+                health.set_gate_open(true);
+                metrics.set_gate_open(true);
                 if gate.open() {
-                    tracing::info!(pods, containers, "runtime synchronized: the gate is open, claims are served");
-                    let _ = crate::notify::Notifier::from_env().and_then(|n| n.ready("claims are served"));
+                    tracing::info!(
+                        pods,
+                        containers,
+                        "runtime synchronized: the gate is open, claims are served"
+                    );
+                    let _ = crate::notify::Notifier::from_env()
+                        .and_then(|n| n.ready("claims are served"));
                 }
             }
             Ok(StubEvent::Disconnected { reason }) => {
                 engine.set_update_sink(None);
+                health.set_runtime_connected(false);
                 tracing::warn!(%reason, "NRI connection lost; reconnecting");
             }
             Ok(_) => {}
@@ -318,4 +377,35 @@ async fn retry_pending(engine: Arc<Engine>) {
             (delay * 2).min(Duration::from_secs(30))
         };
     }
+}
+
+/// Sets the gauges from the engine's current state.
+pub fn refresh_gauges(agent: &Agent, metrics: &Metrics) {
+    let engine = agent.engine();
+    let claims = engine.claims();
+    let adopted = claims
+        .iter()
+        .filter(|(_, o)| matches!(o, crate::engine::Origin::Adopted { .. }))
+        .count() as u64;
+    metrics.set_claims(
+        crate::metrics::ClaimState::Prepared,
+        claims.len() as u64 - adopted,
+    );
+    metrics.set_claims(crate::metrics::ClaimState::Adopted, adopted);
+    let snapshot = engine.snapshot();
+    for pool in &snapshot.pools {
+        let (mut total, mut used, mut devices_used) = (0u64, 0u64, 0u64);
+        for d in &pool.devices {
+            total += u64::from(d.units_total);
+            used += u64::from(d.units_used);
+            devices_used += u64::from(d.units_used > 0);
+        }
+        metrics.set_pool_units(&pool.name, total - used, used);
+        metrics.set_pool_devices(
+            &pool.name,
+            pool.devices.len() as u64 - devices_used,
+            devices_used,
+        );
+    }
+    metrics.set_pending_updates(engine.pending_updates() as u64);
 }

@@ -13,17 +13,23 @@ use crate::claims_api::{
 };
 use crate::engine::Origin;
 use crate::gate::Gate;
+use crate::metrics::{Metrics, Outcome};
 
 /// Serves the claims API from the engine.
 pub struct ClaimsFacade {
     agent: Arc<Agent>,
     gate: Gate,
+    metrics: Arc<Metrics>,
 }
 
 impl ClaimsFacade {
     /// A facade over `agent`; `gate` is only reported in status (the API enforces it).
-    pub fn new(agent: Arc<Agent>, gate: Gate) -> Self {
-        ClaimsFacade { agent, gate }
+    pub fn new(agent: Arc<Agent>, gate: Gate, metrics: Arc<Metrics>) -> Self {
+        ClaimsFacade {
+            agent,
+            gate,
+            metrics,
+        }
     }
 }
 
@@ -74,9 +80,13 @@ pub fn to_request(spec: ClaimSpec) -> ClaimRequest {
 impl ClaimService for ClaimsFacade {
     async fn prepare(&self, claims: Vec<ClaimSpec>) -> PrepareResults {
         let engine = self.agent.engine();
+        let metrics = &self.metrics;
         let work = claims.into_iter().map(|spec| async move {
             let uid = spec.uid.clone();
+            let started = std::time::Instant::now();
             let result = engine.prepare(to_request(spec)).await;
+            let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Error };
+            metrics.record_prepare(outcome, started.elapsed());
             let answer = match result {
                 Ok(p) => {
                     tracing::info!(claim = %uid, already = p.already, devices = p.devices.len(), "claim prepared");
@@ -103,8 +113,16 @@ impl ClaimService for ClaimsFacade {
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
         let engine = self.agent.engine();
+        let metrics = &self.metrics;
         let work = claims.into_iter().map(|c| async move {
+            let started = std::time::Instant::now();
             let result = engine.unprepare(&c.uid).await.map_err(|e| e.to_string());
+            let outcome = if result.is_ok() {
+                Outcome::Ok
+            } else {
+                Outcome::Error
+            };
+            metrics.record_unprepare(outcome, started.elapsed());
             match &result {
                 Ok(()) => tracing::info!(claim = %c.uid, "claim unprepared"),
                 Err(e) => tracing::warn!(claim = %c.uid, error = %e, "claim not unprepared"),

@@ -15,11 +15,19 @@ fn main() {
         eprintln!("nri-bench: cannot create {}: {e}", dir.display());
         std::process::exit(1);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    // NRI_BENCH_THREADS=0 runs the fake runtime on a current-thread scheduler.
+    let threads: usize = std::env::var("NRI_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let mut builder = if threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("nri-bench: tokio runtime: {e}");

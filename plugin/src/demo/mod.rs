@@ -1,0 +1,380 @@
+//! `nri-accel demo`: the whole path on an embedded simulated node and runtime,
+//! over real sockets in a temp dir, explained step by step.
+
+mod node;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use fake_runtime::FakeRuntime;
+use nri_proto::api::{CDIDevice, Container, ContainerState, LinuxContainer, PodSandbox};
+use nri_proto::protobuf::MessageField;
+
+use crate::claims_api::{
+    ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, DraResult, Family, Selector,
+};
+use crate::engine::{CrashPoint, HookAction};
+
+pub use node::config;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn step(n: u32, title: &str) {
+    println!("\n── {n}. {title}");
+}
+
+fn pod(name: &str, annotations: &[(&str, &str)]) -> PodSandbox {
+    let mut p = PodSandbox::new();
+    p.id = format!("sandbox-{name}");
+    p.name = name.into();
+    p.uid = format!("uid-{name}");
+    p.namespace = "demo".into();
+    for (k, v) in annotations {
+        p.annotations.insert(k.to_string(), v.to_string());
+    }
+    p
+}
+
+fn container(id: &str, pod: &PodSandbox, name: &str, cdi: &[String]) -> Container {
+    let mut c = Container::new();
+    c.id = id.into();
+    c.pod_sandbox_id = pod.id.clone();
+    c.name = name.into();
+    c.state = ContainerState::CONTAINER_RUNNING.into();
+    c.CDI_devices = cdi
+        .iter()
+        .map(|n| {
+            let mut d = CDIDevice::new();
+            d.name = n.clone();
+            d
+        })
+        .collect();
+    c.linux = MessageField::some(LinuxContainer::new());
+    c
+}
+
+fn count_claim(uid: &str, family: Family, profile: Option<&str>) -> ClaimSpec {
+    ClaimSpec {
+        uid: uid.into(),
+        namespace: "demo".into(),
+        name: format!("{uid}-claim"),
+        ask: ClaimAsk::Count(vec![CountAsk {
+            request: "gpu".into(),
+            count: 1,
+            family,
+            selector: Selector::default(),
+            profile: profile.map(str::to_string),
+            shares: None,
+        }]),
+    }
+}
+
+async fn prepare(client: &ClaimsClient, spec: ClaimSpec) -> anyhow::Result<Vec<String>> {
+    let uid = spec.uid.clone();
+    let answer = client.prepare(vec![spec]).await?;
+    match answer.get(&uid) {
+        Some(Ok(devices)) => {
+            let mut ids = Vec::new();
+            for d in devices {
+                println!(
+                    "   claim {uid}: pool {} device {} -> CDI {}",
+                    d.pool,
+                    d.device,
+                    d.cdi_device_ids.join(", ")
+                );
+                ids.extend(d.cdi_device_ids.iter().cloned());
+            }
+            Ok(ids)
+        }
+        Some(Err(e)) => bail!("claim {uid} was refused: {e}"),
+        None => bail!("no answer for claim {uid}"),
+    }
+}
+
+fn show_adjustment(fake: &FakeRuntime, id: &str) {
+    let Some((_, adj)) = fake.adjustments().into_iter().rev().find(|(c, _)| c == id) else {
+        println!("   (no adjustment recorded)");
+        return;
+    };
+    let cdi: Vec<&str> = adj.CDI_devices.iter().map(|d| d.name.as_str()).collect();
+    if !cdi.is_empty() {
+        println!("   adjustment CDI devices: {}", cdi.join(", "));
+    }
+    if let Some(linux) = adj.linux.as_ref() {
+        for d in &linux.devices {
+            println!(
+                "   adjustment device node: {} ({} {}:{})",
+                d.path, d.type_, d.major, d.minor
+            );
+        }
+        if let Some(cpu) = linux.resources.as_ref().and_then(|r| r.cpu.as_ref()) {
+            println!("   adjustment cpuset: cpus {} mems {}", cpu.cpus, cpu.mems);
+        }
+    }
+    for kv in &adj.env {
+        println!("   adjustment env: {}={}", kv.key, kv.value);
+    }
+}
+
+/// Runs the demo; exits 0 when every step behaved as described.
+pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
+    let tmp = tempfile::Builder::new()
+        .prefix("nri-accel-demo-")
+        .tempdir()
+        .context("creating the demo's temp dir")?;
+    let dir = tmp.path().to_path_buf();
+    let cfg = config(&dir);
+    println!(
+        "nri-accel demo: a simulated node (16 CPUs, 2 NUMA nodes, 4 GPUs) and an embedded container runtime,"
+    );
+    println!(
+        "talking NRI and the claims API over real unix sockets in {}",
+        dir.display()
+    );
+
+    step(
+        1,
+        "the runtime starts with one pod already running; the daemon starts",
+    );
+    let fake = FakeRuntime::start(&cfg.nri.socket)
+        .await
+        .context("starting the fake runtime")?;
+    let web = pod("web", &[]);
+    fake.add_pod(web.clone());
+    fake.add_container(container("c-web-0000000000000001", &web, "nginx", &[]));
+    let daemon = crate::daemon::Daemon::start(
+        &cfg,
+        crate::daemon::DaemonOptions {
+            boot_id: Some("demo-boot".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .context("starting the daemon")?;
+    println!(
+        "   gate open before Synchronize? {}",
+        daemon.gate().is_open()
+    );
+    fake.wait_synchronized(1, WAIT)
+        .await
+        .context("waiting for Synchronize")?;
+    tokio::time::timeout(WAIT, daemon.gate().wait_open())
+        .await
+        .context("waiting for the gate")?;
+    println!(
+        "   registered, configured and synchronized; gate open: {}",
+        daemon.gate().is_open()
+    );
+
+    step(
+        2,
+        "a DRA driver prepares three claims through the claims API (one per family)",
+    );
+    let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
+    let whole = prepare(&client, count_claim("claim-whole", Family::Exclusive, None)).await?;
+    prepare(&client, count_claim("claim-share", Family::Shared, None)).await?;
+    prepare(
+        &client,
+        count_claim("claim-slice", Family::Sliced, Some("1g.10gb")),
+    )
+    .await?;
+    println!(
+        "   specs in {}: {:?}",
+        cfg.cdi.dir.display(),
+        list_specs(&cfg.cdi.dir)
+    );
+
+    step(
+        3,
+        "the runtime creates the claim's container with its CDI devices; nri-accel adjusts it",
+    );
+    let train = pod("train", &[]);
+    fake.add_pod(train.clone());
+    let trainer = container("c-train-000000000000001", &train, "trainer", &whole);
+    fake.create_container(&train, &trainer).await?;
+    fake.add_container(trainer.clone());
+    show_adjustment(&fake, &trainer.id);
+    let updates = fake.updates();
+    for u in updates.iter().flat_map(|r| r.update.iter()) {
+        let cpus = u
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .and_then(|r| r.cpu.as_ref())
+            .map(|c| c.cpus.clone())
+            .unwrap_or_default();
+        println!(
+            "   UpdateContainers (outside the handler): {} -> cpus {}",
+            u.container_id, cpus
+        );
+    }
+
+    step(
+        4,
+        "the annotation path: a pod without DRA asks for a GPU in an annotation",
+    );
+    let notebook = pod(
+        "notebook",
+        &[("accel.nri.io/container.jupyter", "count=1,family=shared")],
+    );
+    fake.add_pod(notebook.clone());
+    let jupyter = container("c-nb-0000000000000001", &notebook, "jupyter", &[]);
+    fake.create_container(&notebook, &jupyter).await?;
+    fake.add_container(jupyter.clone());
+    show_adjustment(&fake, &jupyter.id);
+
+    step(5, "status");
+    let report = client.status().await?;
+    print!("{}", indent(&crate::cli::status::render(&report.document)));
+
+    step(
+        6,
+        "an early prepare: a new claim names the device claim-whole still holds",
+    );
+    let held = daemon
+        .agent()
+        .engine()
+        .claims()
+        .into_iter()
+        .find(|(a, _)| a.claim_uid == "claim-whole")
+        .and_then(|(a, _)| a.results.first().cloned())
+        .context("claim-whole holds nothing")?;
+    let early = ClaimSpec {
+        uid: "claim-next".into(),
+        namespace: "demo".into(),
+        name: "next".into(),
+        ask: ClaimAsk::Results(vec![DraResult {
+            request: "gpu".into(),
+            driver: "accel.nri.io".into(),
+            pool: held.pool.clone(),
+            device: held.device.clone(),
+            share_id: None,
+        }]),
+    };
+    match client.prepare(vec![early.clone()]).await?.get("claim-next") {
+        Some(Err(e)) => println!("   refused, as it must be: {e}"),
+        other => bail!("the early prepare was not refused: {other:?}"),
+    }
+
+    step(
+        7,
+        "the old claim is unprepared (its pod went away); the retry now succeeds",
+    );
+    fake.notify(
+        nri_proto::api::Event::REMOVE_CONTAINER,
+        &train,
+        Some(&trainer),
+    )
+    .await?;
+    let gone = client
+        .unprepare(vec![ClaimRef {
+            uid: "claim-whole".into(),
+            namespace: "demo".into(),
+            name: String::new(),
+        }])
+        .await?;
+    println!(
+        "   unprepare claim-whole: {:?}",
+        gone.get("claim-whole").map(|r| r.as_ref().map(|_| "ok"))
+    );
+    let ids = prepare(&client, early).await?;
+    println!("   claim-next now holds {}", ids.join(", "));
+
+    step(
+        8,
+        "a crash: the daemon dies after writing a spec's temp file, and restarts",
+    );
+    // The injected crash unwinds the blocking task that writes the spec; keep its report quiet.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let injected = info
+            .payload()
+            .downcast_ref::<String>()
+            .is_some_and(|m| m.contains("injected crash"));
+        if !injected {
+            default_hook(info);
+        }
+    }));
+    daemon.shutdown().await;
+    let crash: crate::engine::CrashHook = Arc::new(|p| {
+        if p == CrashPoint::AfterSpecTemp {
+            HookAction::Die
+        } else {
+            HookAction::Continue
+        }
+    });
+    let dying = crate::daemon::Daemon::start(
+        &cfg,
+        crate::daemon::DaemonOptions {
+            boot_id: Some("demo-boot".into()),
+            crash: Some(crash),
+            ..Default::default()
+        },
+    )
+    .await?;
+    fake.wait_synchronized(2, WAIT).await?;
+    tokio::time::timeout(WAIT, dying.gate().wait_open()).await?;
+    let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
+    let answer = client
+        .prepare(vec![count_claim("claim-crash", Family::Exclusive, None)])
+        .await?;
+    println!(
+        "   prepare of claim-crash: {:?}",
+        answer.get("claim-crash").map(|r| r.as_ref().err())
+    );
+    println!(
+        "   on disk now: records include claim-crash, its spec is only a temp file: {:?}",
+        list_specs(&cfg.cdi.dir)
+    );
+    dying.shutdown().await;
+    let restarted = crate::daemon::Daemon::start(
+        &cfg,
+        crate::daemon::DaemonOptions {
+            boot_id: Some("demo-boot".into()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let plan = &restarted.startup_report().plan;
+    println!("   after restart: restored {:?}", plan.restore);
+    println!("   rolled back (record without spec): {:?}", plan.roll_back);
+    println!("   orphan specs removed: {:?}", plan.remove_specs);
+    if !plan.roll_back.contains(&"claim-crash".to_string()) {
+        bail!("the half-prepared claim was not rolled back");
+    }
+    fake.wait_synchronized(3, WAIT).await?;
+    tokio::time::timeout(WAIT, restarted.gate().wait_open()).await?;
+    let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
+    prepare(&client, count_claim("claim-crash", Family::Exclusive, None)).await?;
+    println!(
+        "   the retried prepare completes; specs: {:?}",
+        list_specs(&cfg.cdi.dir)
+    );
+    restarted.shutdown().await;
+    fake.stop().await;
+
+    println!("\ndemo complete: every step behaved as described.");
+    if keep {
+        let kept = tmp.keep();
+        println!("state kept in {}", kept.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("   {l}\n")).collect()
+}
+
+fn list_specs(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}

@@ -1,0 +1,109 @@
+//! The demo's simulated node: a static inventory and pools of every family.
+
+use std::path::Path;
+
+use policies::{
+    CpuSet, Device, DeviceNode, DeviceSelector, FamilyConfig, NodeKind, PoolConfig, ProfileConfig,
+};
+
+use crate::config::Config;
+
+fn gpu(i: u32, numa: u32) -> Device {
+    let local: CpuSet = if numa == 0 { "0-7" } else { "8-15" }
+        .parse()
+        .unwrap_or_default();
+    Device {
+        id: format!("gpu{i}"),
+        vendor: "nvidia".into(),
+        model: "H100 SXM5 80GB".into(),
+        pci_address: Some(format!("0000:{:02x}:00.0", 0x18 + i * 0x10)),
+        pci_id: Some("10de:2330".into()),
+        numa_node: Some(numa),
+        local_cpus: local,
+        memory_mib: 81_559,
+        compute_units: 132,
+        driver: Some("nvidia".into()),
+        nodes: vec![DeviceNode {
+            path: format!("/dev/nvidia{i}"),
+            host_path: None,
+            kind: NodeKind::Char,
+            major: 195,
+            minor: i,
+            permissions: "rw".into(),
+        }],
+        control_nodes: vec![DeviceNode {
+            path: "/dev/nvidiactl".into(),
+            host_path: None,
+            kind: NodeKind::Char,
+            major: 195,
+            minor: 255,
+            permissions: "rw".into(),
+        }],
+    }
+}
+
+fn ids(v: &[&str]) -> DeviceSelector {
+    DeviceSelector {
+        ids: v.iter().map(|s| s.to_string()).collect(),
+        ..DeviceSelector::default()
+    }
+}
+
+/// A config for a simulated 16-CPU, 2-NUMA node with four GPUs: two handed out
+/// whole (with two local CPUs each), one shared four ways, one cut into slices.
+// Nested defaults are overridden field by field: clearer than one struct literal here.
+#[allow(clippy::field_reassign_with_default)]
+pub fn config(dir: &Path) -> Config {
+    let mut c = Config::default();
+    c.state_dir = dir.join("state");
+    c.cdi.dir = dir.join("cdi");
+    c.nri.socket = dir.join("nri.sock");
+    c.claims_api.socket = dir.join("claims.sock");
+    c.reconcile_interval_secs = 0;
+    c.discovery.sysfs = false;
+    c.discovery.cpus = "0-15".parse().ok();
+    c.discovery.static_devices = vec![gpu(0, 0), gpu(1, 1), gpu(2, 0), gpu(3, 1)];
+    c.pools = vec![
+        PoolConfig {
+            name: "whole".into(),
+            select: ids(&["gpu0", "gpu1"]),
+            family: FamilyConfig::Exclusive,
+            cpus_per_device: 2,
+        },
+        PoolConfig {
+            name: "shared".into(),
+            select: ids(&["gpu2"]),
+            family: FamilyConfig::Shared {
+                replicas: 4,
+                memory_mib_per_share: 20_000,
+                compute_percent_per_share: 25,
+            },
+            cpus_per_device: 0,
+        },
+        PoolConfig {
+            name: "mig".into(),
+            select: ids(&["gpu3"]),
+            family: FamilyConfig::Sliced {
+                slots: 8,
+                profiles: vec![
+                    ProfileConfig {
+                        name: "1g.10gb".into(),
+                        size: 1,
+                        memory_mib: 9_856,
+                        compute_units: 16,
+                        starts: (0..7).collect(),
+                    },
+                    ProfileConfig {
+                        name: "3g.40gb".into(),
+                        size: 4,
+                        memory_mib: 40_192,
+                        compute_units: 60,
+                        starts: vec![0, 4],
+                    },
+                ],
+            },
+            cpus_per_device: 0,
+        },
+    ];
+    c
+}
