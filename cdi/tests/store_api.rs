@@ -126,6 +126,13 @@ fn other_vendors_files_are_never_touched() {
         ("accel.nri.io-device_abc.yml", "wrong extension"),
         ("README", "x"),
     ];
+    // Entries with our temp prefix that are not regular files are not ours either.
+    std::fs::create_dir(dir.path().join(".accel.nri.io-device_d.yaml.1-1.tmp")).unwrap();
+    std::os::unix::fs::symlink(
+        "/nonexistent",
+        dir.path().join(".accel.nri.io-device_l.yaml.1-1.tmp"),
+    )
+    .unwrap();
     for (n, c) in foreign {
         std::fs::write(dir.path().join(n), c).unwrap();
     }
@@ -143,7 +150,7 @@ fn other_vendors_files_are_never_touched() {
             "{n}"
         );
     }
-    assert_eq!(entries(dir.path()).len(), foreign.len());
+    assert_eq!(entries(dir.path()).len(), foreign.len() + 2);
 }
 
 #[test]
