@@ -209,6 +209,14 @@ impl SpecStore {
                 }
             } else if name.starts_with(&temp_prefix) && name.ends_with(".tmp") {
                 let path = entry.path();
+                // Only regular files can be our temp files; leave anything else alone.
+                let is_file = entry
+                    .file_type()
+                    .map_err(|e| CdiError::io("stat CDI directory entry", &path, e))?
+                    .is_file();
+                if !is_file {
+                    continue;
+                }
                 if durable::remove_if_stray(&path)? {
                     tracing::info!(path = %path.display(), "removed stray CDI temp spec");
                 }

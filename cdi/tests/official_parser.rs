@@ -60,7 +60,12 @@ fn version_follows_content() {
         ..Default::default()
     };
     assert_eq!(
-        check(dir.path(), SpecFormat::Yaml, "a1", &[env_only.clone()]),
+        check(
+            dir.path(),
+            SpecFormat::Yaml,
+            "a1",
+            std::slice::from_ref(&env_only)
+        ),
         "0.3.0"
     );
     let mut typed_mount = env_only.clone();
