@@ -264,6 +264,23 @@ impl FakeRuntime {
         self.state().containers.push(c);
     }
 
+    /// Removes container `id` from the runtime's state (not sent in later Synchronizes).
+    pub fn forget_container(&self, id: &str) {
+        self.state().containers.retain(|c| c.id != id);
+    }
+
+    /// Removes pod `id` and its containers from the runtime's state.
+    pub fn forget_pod(&self, id: &str) {
+        let mut st = self.state();
+        st.pods.retain(|p| p.id != id);
+        st.containers.retain(|c| c.pod_sandbox_id != id);
+    }
+
+    /// The containers the next Synchronize will send.
+    pub fn containers(&self) -> Vec<Container> {
+        self.state().containers.clone()
+    }
+
     /// The next `n` UpdateContainers requests report every update as failed.
     pub fn fail_next_updates(&self, n: usize) {
         self.state().fail_updates = n;
