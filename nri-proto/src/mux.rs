@@ -405,4 +405,66 @@ mod tests {
         conn.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, big);
     }
+
+    mod prop {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn routes_with(ids: &[u32]) -> (Routes, Vec<mpsc::UnboundedReceiver<Vec<u8>>>) {
+            let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
+            let mut rxs = Vec::new();
+            for id in ids {
+                let (tx, rx) = mpsc::unbounded_channel();
+                routes.lock().unwrap().insert(*id, tx);
+                rxs.push(rx);
+            }
+            (routes, rxs)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Arbitrary bytes from the peer: the frame reader ends (error or EOF) without
+            /// panicking, and never delivers a payload over the limit.
+            #[test]
+            fn frame_reader_survives_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                let (routes, mut rxs) = routes_with(&[1, 2]);
+                let mut input = &bytes[..];
+                let _ = rt.block_on(read_frames(&mut input, &routes));
+                for rx in &mut rxs {
+                    while let Ok(p) = rx.try_recv() {
+                        prop_assert!(p.len() <= MAX_FRAME_PAYLOAD);
+                    }
+                }
+            }
+
+            /// Valid ttrpc messages split at arbitrary points pass the guard; arbitrary bytes
+            /// never make it panic.
+            #[test]
+            fn message_guard_accepts_any_split_of_valid_messages(
+                sizes in proptest::collection::vec(0usize..9000, 1..6),
+                cuts in proptest::collection::vec(1usize..5000, 0..20),
+                garbage in proptest::collection::vec(any::<u8>(), 0..512),
+            ) {
+                let mut stream = Vec::new();
+                for (i, n) in sizes.iter().enumerate() {
+                    stream.extend_from_slice(&(*n as u32).to_be_bytes());
+                    stream.extend_from_slice(&(2 * i as u32 + 1).to_be_bytes());
+                    stream.extend_from_slice(&[1 + (i % 3) as u8, 0]);
+                    stream.resize(stream.len() + n, 0xab);
+                }
+                let mut guard = MessageGuard::default();
+                let mut rest = &stream[..];
+                for c in cuts {
+                    let c = c.min(rest.len());
+                    prop_assert!(guard.check(&rest[..c]).is_ok());
+                    rest = &rest[c..];
+                }
+                prop_assert!(guard.check(rest).is_ok());
+                let mut g2 = MessageGuard::default();
+                let _ = g2.check(&garbage);
+            }
+        }
+    }
 }

@@ -305,6 +305,9 @@ impl Stub {
             .await
             .map_err(|e| StubError::Transport(e.to_string()))?;
         let client = RuntimeClient::new(ttrpc::r#async::Client::new(Socket::new(conn2)));
+        // Installed before registering, so it is in place by the time StubEvent::Synchronized is
+        // seen (the runtime may synchronize before its RegisterPlugin reply is processed here).
+        self.updater.set(Some(client.clone()));
         self.notify.send(StubEvent::Connected);
 
         let mut req = RegisterPluginRequest::new();
@@ -324,13 +327,12 @@ impl Stub {
         };
         let mut configured = false;
         if result.is_ok() {
-            self.updater.set(Some(client));
             tokio::select! {
                 _ = closed.wait_for(|c| c.is_some()) => {}
                 _ = close.wait_for(|c| *c) => {}
             }
-            self.updater.set(None);
         }
+        self.updater.set(None);
         while let Ok(e) = events.try_recv() {
             configured |= matches!(e, StubEvent::Configured { .. });
         }
