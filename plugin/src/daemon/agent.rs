@@ -193,6 +193,7 @@ impl Agent {
         )
         .map_err(|e| e.to_string())?;
         let mut grant = ContainerGrant::default();
+        let mut updates = Vec::new();
         if let Some(ask) = ask {
             let uid = annotation_claim_uid(&c.id);
             let claim = ask.to_claim(
@@ -210,6 +211,7 @@ impl Agent {
                 )
                 .await
                 .map_err(|e| format!("container {} of pod {pod}: {e}", c.name))?;
+            updates.extend(prepared.updates.iter().cloned());
             match injection {
                 Injection::Cdi => {
                     grant.cdi_devices = prepared.devices.iter().map(|d| d.cdi_id.clone()).collect();
@@ -235,7 +237,8 @@ impl Agent {
         }
         let (claims, _) = self.claims_of(c);
         let claim_list: Vec<String> = claims.iter().cloned().collect();
-        let (adjustment, updates) = self.engine.container_started(&c.id, &claim_list);
+        let (adjustment, more) = self.engine.container_started(&c.id, &claim_list);
+        updates.extend(more);
         let managed = self.settings.manage_shared_cpus || !claims.is_empty();
         self.containers().set(&c.id, claims);
         for (k, v) in adjustment.env {

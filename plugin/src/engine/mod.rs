@@ -62,6 +62,10 @@ pub struct Prepared {
     pub devices: Vec<PreparedDevice>,
     /// Whether the claim was already prepared (an idempotent repeat).
     pub already: bool,
+    /// Container updates this claim's allocation made that were not pushed yet:
+    /// a prepare made inside an NRI handler answers them in that handler's
+    /// response (they also stay pending until the pusher delivers them).
+    pub updates: Vec<ContainerUpdate>,
 }
 
 /// What startup found and did.
@@ -252,13 +256,20 @@ impl Engine {
             }
             return Err(e);
         }
+        let in_handler = matches!(origin, Origin::Annotation { .. });
         self.state().origins.insert(uid.to_string(), origin);
         self.step(CrashPoint::AfterCheckpoint)?;
-        if !outcome.updates.is_empty() {
+        // Inside an NRI handler (the annotation path) UpdateContainers must not be
+        // called: the updates go back in the handler's response instead.
+        if !outcome.updates.is_empty() && !in_handler {
             self.flush_pending().await;
         }
         self.step(CrashPoint::AfterUpdatePush)?;
-        self.grant(uid, &outcome.allocation, false).await
+        let mut prepared = self.grant(uid, &outcome.allocation, false).await?;
+        if in_handler {
+            prepared.updates = outcome.updates;
+        }
+        Ok(prepared)
     }
 
     /// Writes the claim's spec unless it exists, and answers with its CDI IDs.
@@ -318,6 +329,7 @@ impl Engine {
             uid: uid.to_string(),
             devices,
             already,
+            updates: Vec::new(),
         })
     }
 
