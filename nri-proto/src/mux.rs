@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 
@@ -69,7 +69,7 @@ type Routes = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Vec<u8>>>>>;
 /// the socket.
 pub struct Mux {
     routes: Routes,
-    out: mpsc::UnboundedSender<Vec<u8>>,
+    out: Arc<WriteShared>,
     closed: watch::Receiver<Option<String>>,
     closed_tx: Arc<watch::Sender<Option<String>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -80,11 +80,15 @@ impl Mux {
     pub fn new(stream: UnixStream) -> Mux {
         let (rd, wr) = stream.into_split();
         let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
-        let (out, out_rx) = mpsc::unbounded_channel();
+        let out = Arc::new(WriteShared {
+            half: wr,
+            state: Mutex::new(WriteState::default()),
+            wake: tokio::sync::Notify::new(),
+        });
         let (closed_tx, closed) = watch::channel(None);
         let closed_tx = Arc::new(closed_tx);
         let reader = tokio::spawn(read_loop(rd, routes.clone(), closed_tx.clone()));
-        let writer = tokio::spawn(write_loop(wr, out_rx, closed_tx.clone()));
+        let writer = tokio::spawn(write_loop(out.clone(), closed_tx.clone()));
         Mux {
             routes,
             out,
@@ -129,6 +133,14 @@ impl Mux {
         for t in &self.tasks {
             t.abort();
         }
+        // Conns handed to ttrpc may outlive the Mux and keep the write half alive: shut the socket
+        // down so the peer sees the close now.
+        {
+            let mut st = self.out.lock();
+            st.failed.get_or_insert_with(|| "connection closed".into());
+        }
+        let fd = std::os::fd::AsRawFd::as_raw_fd(self.out.half.as_ref());
+        let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
         self.routes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -193,19 +205,99 @@ async fn read_frames(rd: &mut (impl AsyncRead + Unpin), routes: &Routes) -> Resu
     }
 }
 
-async fn write_loop(
-    mut wr: tokio::net::unix::OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
-    closed: Arc<watch::Sender<Option<String>>>,
-) {
-    while let Some(buf) = rx.recv().await {
-        if let Err(e) = wr.write_all(&buf).await {
-            tracing::error!(error = %e, "NRI connection write failed");
-            closed.send_replace(Some(format!("write failed: {e}")));
-            return;
+/// The socket's write side, shared by all conns. A write goes straight to the socket when nothing
+/// is queued (saving a task hand-off per message); otherwise, or when the socket would block, it
+/// is queued whole for the writer task, so frames never interleave and order is kept.
+struct WriteShared {
+    half: tokio::net::unix::OwnedWriteHalf,
+    state: Mutex<WriteState>,
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct WriteState {
+    queue: std::collections::VecDeque<Vec<u8>>,
+    /// The writer task is writing a popped buffer.
+    busy: bool,
+    /// Set once a write failed; later writes fail.
+    failed: Option<String>,
+}
+
+impl WriteShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WriteState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes `framed` now if possible, else queues it.
+    fn submit(&self, mut framed: Vec<u8>) -> io::Result<()> {
+        let mut st = self.lock();
+        if let Some(why) = &st.failed {
+            return Err(io::Error::new(io::ErrorKind::BrokenPipe, why.clone()));
+        }
+        if st.queue.is_empty() && !st.busy {
+            let mut off = 0;
+            while off < framed.len() {
+                match self.half.try_write(&framed[off..]) {
+                    Ok(n) => off += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        st.failed = Some(e.to_string());
+                        drop(st);
+                        self.wake.notify_one();
+                        return Err(e);
+                    }
+                }
+            }
+            if off == framed.len() {
+                return Ok(());
+            }
+            framed.drain(..off);
+        }
+        st.queue.push_back(framed);
+        drop(st);
+        self.wake.notify_one();
+        Ok(())
+    }
+}
+
+async fn write_loop(shared: Arc<WriteShared>, closed: Arc<watch::Sender<Option<String>>>) {
+    loop {
+        let next = {
+            let mut st = shared.lock();
+            if let Some(why) = &st.failed {
+                tracing::error!(error = %why, "NRI connection write failed");
+                closed.send_replace(Some(format!("write failed: {why}")));
+                return;
+            }
+            let next = st.queue.pop_front();
+            st.busy = next.is_some();
+            next
+        };
+        let Some(buf) = next else {
+            shared.wake.notified().await;
+            continue;
+        };
+        let mut off = 0;
+        while off < buf.len() {
+            let r = match shared.half.writable().await {
+                Ok(()) => shared.half.try_write(&buf[off..]),
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(n) => off += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => {
+                    shared.lock().failed = Some(e.to_string());
+                    break;
+                }
+            }
         }
     }
-    let _ = wr.shutdown().await;
 }
 
 /// Appends `data` to `out` as frames of conn `id`, each at most [`MAX_WRITE_FRAME`] payload bytes.
@@ -225,7 +317,7 @@ pub struct MuxConn {
     rx: mpsc::UnboundedReceiver<Vec<u8>>,
     pending: Vec<u8>,
     pos: usize,
-    out: mpsc::UnboundedSender<Vec<u8>>,
+    out: Arc<WriteShared>,
     guard: MessageGuard,
     closed: Arc<watch::Sender<Option<String>>>,
 }
@@ -324,13 +416,7 @@ impl AsyncWrite for MuxConn {
             data.len() + FRAME_HEADER_LEN * data.len().div_ceil(MAX_WRITE_FRAME).max(1),
         );
         encode_frames(self.id, data, &mut framed);
-        match self.out.send(framed) {
-            Ok(()) => Poll::Ready(Ok(data.len())),
-            Err(_) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "NRI connection closed",
-            ))),
-        }
+        Poll::Ready(self.out.submit(framed).map(|()| data.len()))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -345,6 +431,7 @@ impl AsyncWrite for MuxConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
     #[test]
     fn writes_split_into_4096_byte_frames() {
@@ -404,6 +491,52 @@ mod tests {
         let mut got = Vec::new();
         conn.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, big);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writers_on_a_full_socket_keep_frames_whole_and_ordered() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mux = Mux::new(a);
+        let mut writers = Vec::new();
+        for id in [1u32, 2] {
+            let mut conn = mux.open(id).unwrap();
+            writers.push(tokio::spawn(async move {
+                for i in 0..64u32 {
+                    // 32 KiB writes: the socket buffer fills, so later writes are queued.
+                    let chunk = vec![(i as u8) ^ (id as u8); 32 * 1024];
+                    conn.write_all(&chunk).await.unwrap();
+                }
+                conn
+            }));
+        }
+        let want = 64 * 32 * 1024;
+        let mut got: HashMap<u32, Vec<u8>> = HashMap::new();
+        while got.values().map(Vec::len).sum::<usize>() < 2 * want {
+            let mut h = [0u8; 8];
+            b.read_exact(&mut h).await.unwrap();
+            let id = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+            let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+            assert!(
+                len <= MAX_WRITE_FRAME && (id == 1 || id == 2),
+                "frame {id}/{len}"
+            );
+            let mut p = vec![0u8; len];
+            b.read_exact(&mut p).await.unwrap();
+            got.entry(id).or_default().extend(p);
+        }
+        for w in writers {
+            w.await.unwrap();
+        }
+        for id in [1u32, 2] {
+            let data = &got[&id];
+            assert_eq!(data.len(), want);
+            for (i, block) in data.chunks(32 * 1024).enumerate() {
+                assert!(
+                    block.iter().all(|x| *x == (i as u8) ^ (id as u8)),
+                    "conn {id} block {i}"
+                );
+            }
+        }
     }
 
     mod prop {
