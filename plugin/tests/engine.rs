@@ -256,3 +256,30 @@ async fn pending_updates_survive_a_restart() {
     assert_eq!(engine.flush_pending().await, 0);
     assert_eq!(sink.delivered.lock().unwrap().len(), 1);
 }
+
+/// The annotation path prepares inside CreateContainer: its updates must come
+/// back to the handler, never through UpdateContainers from inside it.
+#[tokio::test]
+async fn a_prepare_inside_a_handler_returns_its_updates_instead_of_pushing_them() {
+    let d = dirs();
+    let (engine, _) = open_with(&d, 4, 2, None).unwrap();
+    engine.container_started("ctr-shared", &[]);
+    let sink = Arc::new(FlakySink::default());
+    engine.set_update_sink(Some(sink.clone()));
+    let origin = nri_accel::engine::Origin::Annotation {
+        container_id: "ctr-new".into(),
+    };
+    let p = engine
+        .prepare_as(claim_for("ctr-new", "gpu0"), origin)
+        .await
+        .unwrap();
+    assert!(
+        sink.delivered.lock().unwrap().is_empty(),
+        "nothing pushed from inside the handler"
+    );
+    assert_eq!(p.updates.len(), 1);
+    assert_eq!(p.updates[0].container_id, "ctr-shared");
+    // From a claims-API prepare the pusher does deliver.
+    engine.prepare(claim_for("api", "gpu1")).await.unwrap();
+    assert!(!sink.delivered.lock().unwrap().is_empty());
+}
