@@ -21,6 +21,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
+    if matches!(cli.command, Command::Run) {
+        nri_accel::cli::run::drop_privileges(&cli.config);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -96,7 +96,7 @@ mod check_config;
 mod claims;
 mod discover;
 mod reconcile;
-mod run;
+pub mod run;
 pub mod status;
 
 use std::process::ExitCode;

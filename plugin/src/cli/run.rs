@@ -7,6 +7,25 @@ use anyhow::Context;
 
 use crate::daemon::{Daemon, DaemonOptions};
 
+/// Drops every capability the configured daemon does not need. Capabilities are
+/// per thread, so this runs before the async runtime starts its threads.
+pub fn drop_privileges(config: &Path) {
+    let Ok(cfg) = super::load_config(config) else {
+        // `run` reports the config error itself.
+        return;
+    };
+    let keep = crate::privileges::keep_list(&crate::privileges::PrivilegeNeeds {
+        claims_socket_group: cfg.claims_api.group.is_some(),
+        metrics_port: cfg.metrics.listen.map(|a| a.port()),
+    });
+    match crate::privileges::drop_to(&keep) {
+        Ok(r) => {
+            tracing::info!(kept = ?r.kept, bounding_reduced = r.bounding_reduced, "capabilities dropped")
+        }
+        Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
+    }
+}
+
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
     let cfg = super::load_config(config)?;
@@ -24,16 +43,6 @@ pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
     })?;
     for dir in &report.created {
         tracing::info!(dir = %dir.display(), "created a missing directory");
-    }
-    let keep = crate::privileges::keep_list(&crate::privileges::PrivilegeNeeds {
-        claims_socket_group: cfg.claims_api.group.is_some(),
-        metrics_port: cfg.metrics.listen.map(|a| a.port()),
-    });
-    match crate::privileges::drop_to(&keep) {
-        Ok(r) => {
-            tracing::info!(kept = ?r.kept, bounding_reduced = r.bounding_reduced, "capabilities dropped")
-        }
-        Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
     }
     let crash = crate::engine::hook_from_env().map_err(anyhow::Error::msg)?;
     let daemon = Daemon::start(
