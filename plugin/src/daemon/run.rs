@@ -78,6 +78,7 @@ pub struct Daemon {
     gate: Gate,
     stub: Arc<Stub>,
     claims: Option<ClaimsServer>,
+    nri_task: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
     report: StartupReport,
     _lock: NodeLockGuard,
@@ -244,11 +245,11 @@ impl Daemon {
             }
         }));
         let runner = stub.clone();
-        tasks.push(tokio::spawn(async move {
+        let nri_task = tokio::spawn(async move {
             if let Err(e) = runner.run(plugin).await {
                 tracing::error!(error = %e, "NRI connection ended");
             }
-        }));
+        });
         if config.reconcile_interval_secs > 0 {
             let every = Duration::from_secs(config.reconcile_interval_secs);
             let e = engine.clone();
@@ -275,6 +276,7 @@ impl Daemon {
             gate,
             stub,
             claims: Some(claims),
+            nri_task: Some(nri_task),
             tasks,
             report,
             _lock: guard,
@@ -310,6 +312,15 @@ impl Daemon {
     /// unlinked) and the background tasks, then releases the node lock.
     pub async fn shutdown(mut self) {
         self.stub.close();
+        // Let the stub close its ttrpc server itself: aborting it half-way makes
+        // the ttrpc crate's listener task panic on a dropped channel.
+        if let Some(t) = self.nri_task.take()
+            && tokio::time::timeout(Duration::from_secs(3), t)
+                .await
+                .is_err()
+        {
+            tracing::warn!("the NRI connection did not close within 3 s");
+        }
         if let Some(c) = self.claims.take()
             && let Err(e) = c.shutdown().await
         {
