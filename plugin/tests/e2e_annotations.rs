@@ -161,7 +161,10 @@ async fn refused_annotation_requests_fail_the_creation_and_write_nothing() {
     );
     fake.add_pod(p.clone());
     let c = container("c-mixed-0001", &p, "app", &[]);
-    let err = fake.create_container(&p, &c).await.expect_err("mixed vendors");
+    let err = fake
+        .create_container(&p, &c)
+        .await
+        .expect_err("mixed vendors");
     let msg = status_message(&err);
     assert!(
         msg.contains("two vendors") && msg.contains("e2e/mixed"),

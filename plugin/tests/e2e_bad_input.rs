@@ -32,10 +32,9 @@ async fn nothing_written(node: &TestNode, client: &ClaimsClient) {
 async fn bad_requests_get_clear_errors_and_write_nothing() {
     let node = TestNode::new(Shape::default(), "");
     // A small message limit, so an oversized request is cheap to build.
-    let cfg = std::fs::read_to_string(&node.config).unwrap().replace(
-        "claims_api:\n",
-        "claims_api:\n  max_message_bytes: 4096\n",
-    );
+    let cfg = std::fs::read_to_string(&node.config)
+        .unwrap()
+        .replace("claims_api:\n", "claims_api:\n  max_message_bytes: 4096\n");
     std::fs::write(&node.config, cfg).unwrap();
     let fake = runtime(&node).await;
     let _daemon = node.spawn(&[]);
@@ -137,7 +136,10 @@ async fn bad_requests_get_clear_errors_and_write_nothing() {
         .await
         .unwrap();
     let ghost = answer["ghost-1"].as_ref().unwrap_err();
-    assert!(ghost.contains("ghost-1") && ghost.contains("gpu99"), "{ghost}");
+    assert!(
+        ghost.contains("ghost-1") && ghost.contains("gpu99"),
+        "{ghost}"
+    );
     let profile = answer["profile-1"].as_ref().unwrap_err();
     assert!(
         profile.contains("profile-1") && profile.contains("9g"),

@@ -55,12 +55,18 @@ async fn crash_at(step: &str, call: Call, survives: bool) {
         prepare_ok(&client, count_claim("neighbour", Family::Shared, None)).await;
         prepare_ok(&client, count_claim("victim", Family::Exclusive, None)).await;
         let r = client.unprepare(vec![claim_ref("victim")]).await;
-        assert!(r.is_err(), "{step}: the daemon answered {r:?} instead of dying");
+        assert!(
+            r.is_err(),
+            "{step}: the daemon answered {r:?} instead of dying"
+        );
     } else {
         let r = client
             .prepare(vec![count_claim("victim", Family::Exclusive, None)])
             .await;
-        assert!(r.is_err(), "{step}: the daemon answered {r:?} instead of dying");
+        assert!(
+            r.is_err(),
+            "{step}: the daemon answered {r:?} instead of dying"
+        );
     }
     let st = dying.wait_exit().await;
     assert_eq!(

@@ -118,10 +118,7 @@ async fn client_task(shared: Arc<Shared>, task: usize, ops: usize, seed: u64) {
                                 held.push(uid.clone());
                             }
                             Some(Err(why)) => {
-                                assert!(
-                                    why.contains(&uid),
-                                    "a refusal names the claim: {why}"
-                                );
+                                assert!(why.contains(&uid), "a refusal names the claim: {why}");
                                 set(&shared.ledger, &uid, Seen::Refused);
                             }
                             None => panic!("no answer for {uid}"),
@@ -168,7 +165,10 @@ async fn consistent(node: &TestNode, client: &ClaimsClient) -> BTreeSet<String> 
         .into_iter()
         .filter(|e| !e.starts_with(SPEC_PREFIX) || !e.ends_with(".yaml"))
         .collect();
-    assert!(leftovers.is_empty(), "stray files in the CDI dir: {leftovers:?}");
+    assert!(
+        leftovers.is_empty(),
+        "stray files in the CDI dir: {leftovers:?}"
+    );
     let units = assert_no_unit_granted_twice(&doc);
     assert_eq!(units, records.len(), "one unit per claim");
     records
@@ -301,5 +301,8 @@ async fn kill_9_under_load_loses_no_acknowledged_claim() {
         .filter(|s| matches!(s, Seen::Prepared | Seen::Unprepared))
         .count();
     println!("{granted} claims granted, {refused} refused over {OPS} operations");
-    assert!(granted > refused, "most prepares should succeed on this node");
+    assert!(
+        granted > refused,
+        "most prepares should succeed on this node"
+    );
 }

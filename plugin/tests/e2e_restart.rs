@@ -42,9 +42,7 @@ async fn daemon_and_runtime_restarts_lose_nothing() {
         fake.add_container(c.clone());
     }
     let before = node.status_json().await;
-    let claims: BTreeSet<String> = ["whole-a", "share-b", "slice-c"]
-        .map(String::from)
-        .into();
+    let claims: BTreeSet<String> = ["whole-a", "share-b", "slice-c"].map(String::from).into();
     assert_eq!(status_claims(&before), claims);
     let whole_cpus = before["claims"]
         .as_array()
@@ -60,7 +58,10 @@ async fn daemon_and_runtime_restarts_lose_nothing() {
     // 1. SIGTERM: a clean exit; the runtime is held back so the new daemon cannot synchronize.
     let st = daemon.terminate().await;
     assert!(st.success(), "exit {st:?}; log:\n{}", daemon.log_text());
-    assert!(!node.claims_socket.exists(), "the socket is unlinked on exit");
+    assert!(
+        !node.claims_socket.exists(),
+        "the socket is unlinked on exit"
+    );
     fake.stop().await;
     let silent = UnixListener::bind(&node.nri_socket).expect("silent runtime");
     let _daemon2 = node.spawn(&[]);
@@ -90,7 +91,9 @@ async fn daemon_and_runtime_restarts_lose_nothing() {
     drop(held);
     drop(silent);
     fake.listen(&node.nri_socket).expect("listen again");
-    fake.wait_synchronized(2, WAIT).await.expect("resynchronized");
+    fake.wait_synchronized(2, WAIT)
+        .await
+        .expect("resynchronized");
     let client = node.client_gate_open().await;
     assert_eq!(
         prepare_ok(&client, count_claim("whole-a", Family::Exclusive, None)).await,
@@ -106,7 +109,10 @@ async fn daemon_and_runtime_restarts_lose_nothing() {
     );
     let after = node.status_json().await;
     assert_eq!(status_claims(&after), claims);
-    assert_eq!(after["policy"], before["policy"], "the policy state is rebuilt");
+    assert_eq!(
+        after["policy"], before["policy"],
+        "the policy state is rebuilt"
+    );
     assert_eq!(
         after["containers"]["c-a"],
         serde_json::json!(["whole-a"]),
@@ -142,7 +148,9 @@ async fn daemon_and_runtime_restarts_lose_nothing() {
 
     // 3. The runtime restarts: the daemon reconnects and synchronizes again; the gate stays open.
     fake.restart().await.expect("runtime restart");
-    fake.wait_synchronized(5, WAIT).await.expect("resynchronized");
+    fake.wait_synchronized(5, WAIT)
+        .await
+        .expect("resynchronized");
     let status = client2.status().await.expect("status");
     assert!(status.gate_open);
     let d = prepare_ok(&client2, count_claim("after-restart", Family::Shared, None)).await;

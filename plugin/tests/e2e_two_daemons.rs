@@ -34,7 +34,9 @@ async fn assert_waiting(node: &TestNode, d: &mut DaemonProc, socket_ino: u64) {
     let log = d.log_text();
     assert!(!log.contains("claims API listening"), "{log}");
     assert!(!log.contains("configured by the runtime"), "{log}");
-    let ino = std::fs::metadata(&node.claims_socket).expect("socket").ino();
+    let ino = std::fs::metadata(&node.claims_socket)
+        .expect("socket")
+        .ino();
     assert_eq!(ino, socket_ino, "the first daemon's socket was replaced");
 }
 
@@ -56,7 +58,9 @@ async fn a_second_daemon_waits_for_the_lock_then_takes_over() {
 
     // kill -9 the first: the second takes the lock, reads the state, binds and synchronizes.
     first.kill9().await;
-    fake.wait_synchronized(2, WAIT).await.expect("second synchronized");
+    fake.wait_synchronized(2, WAIT)
+        .await
+        .expect("second synchronized");
     let client = node.client_gate_open().await;
     let held: BTreeSet<String> = ["before-a", "while-b"].map(String::from).into();
     assert_eq!(uids(&client).await, held);
@@ -78,7 +82,9 @@ async fn a_second_daemon_waits_for_the_lock_then_takes_over() {
     assert_waiting(&node, &mut third, ino).await;
     let st = second.terminate().await;
     assert!(st.success(), "{st:?}");
-    fake.wait_synchronized(3, WAIT).await.expect("third synchronized");
+    fake.wait_synchronized(3, WAIT)
+        .await
+        .expect("third synchronized");
     let client = node.client_gate_open().await;
     assert_eq!(uids(&client).await, held);
     let doc = node.status_json().await;

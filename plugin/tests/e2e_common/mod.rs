@@ -311,7 +311,9 @@ impl DaemonProc {
 
     /// Whether the process has exited (reaps it if so).
     pub fn try_exit(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Waits for the process to exit on its own.
