@@ -69,9 +69,9 @@ async fn dra_claim_prepare_container_adjust_unprepare() {
     assert_eq!(cpus.len(), 2, "cpus {}", cpu.cpus);
     let device = claim["results"][0]["device_id"].as_str().unwrap();
     let gpu: u32 = device.trim_start_matches("gpu").parse().unwrap();
-    let local = if gpu % 2 == 0 { 0..8 } else { 8..16 };
+    let local = if gpu.is_multiple_of(2) { 0..8 } else { 8..16 };
     assert!(cpus.iter().all(|c| local.contains(c)), "{cpus:?} {device}");
-    assert_eq!(cpu.mems, if gpu % 2 == 0 { "0" } else { "1" });
+    assert_eq!(cpu.mems, if gpu.is_multiple_of(2) { "0" } else { "1" });
     // The status knows which container holds the claim.
     assert_eq!(claim["containers"], serde_json::json!(["c-train-1"]));
     assert_eq!(doc["gate"]["open"], true);
