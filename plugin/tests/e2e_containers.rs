@@ -95,10 +95,7 @@ async fn a_device_held_without_a_record_is_adopted_until_its_container_goes() {
         .await
         .unwrap();
     let why = answer["early"].as_ref().expect_err("held by the container");
-    assert!(
-        why.contains("early") && why.contains(&adopted_uid),
-        "{why}"
-    );
+    assert!(why.contains("early") && why.contains(&adopted_uid), "{why}");
     prepare_ok(&client, count_claim("other", Family::Exclusive, None)).await;
     let doc = node.status_json().await;
     let other = doc["claims"]
@@ -158,7 +155,10 @@ async fn annotation_claims_follow_their_containers_across_a_restart() {
         "{doc:#}"
     );
     assert_eq!(node.spec_uids(), ["ctr-capp0".to_string()].into());
-    assert_eq!(doc["containers"]["c-app-0"], serde_json::json!(["ctr-capp0"]));
+    assert_eq!(
+        doc["containers"]["c-app-0"],
+        serde_json::json!(["ctr-capp0"])
+    );
     assert_no_unit_granted_twice(&doc);
     // The released GPU is free again: two whole GPUs, one held.
     prepare_ok(&client, count_claim("dra", Family::Exclusive, None)).await;
@@ -200,7 +200,10 @@ async fn cpusets_give_way_to_claims_even_when_pushes_fail_and_the_daemon_restart
         .find(|u| u.container_id == "c-idle")
         .map(|u| u.linux.resources.cpu.cpus.clone())
         .unwrap();
-    assert_eq!(pushed, shared, "the idle container gives the claim's CPUs up");
+    assert_eq!(
+        pushed, shared,
+        "the idle container gives the claim's CPUs up"
+    );
     let doc = node.status_json().await;
     assert_eq!(doc["pending_updates"], 1, "a failed push stays pending");
 

@@ -80,6 +80,7 @@ pub struct Daemon {
     claims: Option<ClaimsServer>,
     tasks: Vec<JoinHandle<()>>,
     report: StartupReport,
+    nri_ended: tokio::sync::watch::Receiver<bool>,
     _lock: NodeLockGuard,
 }
 
@@ -244,10 +245,12 @@ impl Daemon {
             }
         }));
         let runner = stub.clone();
+        let (ended_tx, nri_ended) = tokio::sync::watch::channel(false);
         tasks.push(tokio::spawn(async move {
             if let Err(e) = runner.run(plugin).await {
                 tracing::error!(error = %e, "NRI connection ended");
             }
+            ended_tx.send_replace(true);
         }));
         if config.reconcile_interval_secs > 0 {
             let every = Duration::from_secs(config.reconcile_interval_secs);
@@ -277,6 +280,7 @@ impl Daemon {
             claims: Some(claims),
             tasks,
             report,
+            nri_ended,
             _lock: guard,
         })
     }
@@ -304,6 +308,15 @@ impl Daemon {
     /// What startup reconciled.
     pub fn startup_report(&self) -> &StartupReport {
         &self.report
+    }
+
+    /// Resolves when the NRI connection has ended for good: a socket inherited from the runtime
+    /// (fd 3) closed, which cannot be reconnected. The runtime launches a new instance then, so
+    /// this one must exit and release the node lock. With a socket path the stub reconnects by
+    /// itself and this never resolves before [`Daemon::shutdown`].
+    pub async fn nri_ended(&self) {
+        let mut rx = self.nri_ended.clone();
+        let _ = rx.wait_for(|ended| *ended).await;
     }
 
     /// Stops serving: closes the NRI connection, the claims API (its socket is
