@@ -45,6 +45,13 @@ async fn check_config_accepts_the_shipped_file_and_points_at_errors() {
     let text = format!("{out}{err}");
     assert!(text.contains(&format!("{}:", wrong.display())), "{text}");
     assert!(text.contains("used twice"), "{text}");
+
+    // A missing file: the path and the cause, each said once.
+    let missing = dir.path().join("missing.yaml");
+    let (st, _, err) = run_bin(&args(&["status", "--config", missing.to_str().unwrap()])).await;
+    assert!(!st.success());
+    assert!(err.contains(missing.to_str().unwrap()), "{err}");
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
 }
 
 #[tokio::test]
