@@ -176,10 +176,26 @@ async fn consistent(node: &TestNode, client: &ClaimsClient) -> BTreeSet<String> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_load_loses_no_acknowledged_claim() {
+    under_load(0x5EED_2026, Stop::Kill9).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_load_loses_no_acknowledged_claim() {
+    under_load(0x7E57_0001, Stop::Term).await;
+}
+
+/// How the daemon is stopped mid-load.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    Kill9,
+    Term,
+}
+
+async fn under_load(default_seed: u64, stop: Stop) {
     let seed: u64 = std::env::var("E2E_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5EED_2026);
+        .unwrap_or(default_seed);
     println!("E2E_SEED={seed}");
     let mut rng = Rng::new(seed);
     let kill_after = 200 + rng.below(600) as usize;
@@ -222,9 +238,17 @@ async fn kill_9_under_load_loses_no_acknowledged_claim() {
         async move { (done >= kill_after).then_some(()) }
     })
     .await;
-    daemon.kill9().await;
+    match stop {
+        Stop::Kill9 => {
+            daemon.kill9().await;
+        }
+        Stop::Term => {
+            let st = daemon.terminate().await;
+            assert!(st.success(), "{st:?}; log:\n{}", daemon.log_text());
+        }
+    }
     let at_kill = shared.done.load(Ordering::SeqCst);
-    println!("killed after {at_kill} operations (target {kill_after})");
+    println!("{stop:?} after {at_kill} operations (target {kill_after})");
     assert!(at_kill < OPS, "the kill came after the load ended");
 
     // The clients' view once the process is gone: answers already written are read by now or
@@ -251,12 +275,12 @@ async fn kill_9_under_load_loses_no_acknowledged_claim() {
                 checked += 1;
                 assert!(
                     prepared.contains(uid),
-                    "{uid} was acknowledged prepared and is gone after kill -9"
+                    "{uid} was acknowledged prepared and is gone after {stop:?}"
                 );
             }
             Seen::Unprepared | Seen::Refused => assert!(
                 !prepared.contains(uid),
-                "{uid} was {seen:?} and is prepared after kill -9"
+                "{uid} was {seen:?} and is prepared after {stop:?}"
             ),
             Seen::PrepareSent | Seen::UnprepareSent => {}
         }
