@@ -62,7 +62,12 @@ pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
-    wait_for_signal().await?;
+    tokio::select! {
+        r = wait_for_signal() => r?,
+        _ = daemon.nri_ended() => tracing::warn!(
+            "the runtime closed the NRI connection it launched us with; exiting so that its next instance gets the node"
+        ),
+    }
     tracing::info!("stopping");
     let _ = crate::notify::Notifier::from_env().and_then(|n| n.stopping());
     if let Some(m) = metrics {

@@ -81,6 +81,7 @@ pub struct Daemon {
     nri_task: Option<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
     report: StartupReport,
+    nri_ended: tokio::sync::watch::Receiver<bool>,
     _lock: NodeLockGuard,
 }
 
@@ -245,10 +246,12 @@ impl Daemon {
             }
         }));
         let runner = stub.clone();
+        let (ended_tx, nri_ended) = tokio::sync::watch::channel(false);
         let nri_task = tokio::spawn(async move {
             if let Err(e) = runner.run(plugin).await {
                 tracing::error!(error = %e, "NRI connection ended");
             }
+            ended_tx.send_replace(true);
         });
         if config.reconcile_interval_secs > 0 {
             let every = Duration::from_secs(config.reconcile_interval_secs);
@@ -279,6 +282,7 @@ impl Daemon {
             nri_task: Some(nri_task),
             tasks,
             report,
+            nri_ended,
             _lock: guard,
         })
     }
@@ -306,6 +310,15 @@ impl Daemon {
     /// What startup reconciled.
     pub fn startup_report(&self) -> &StartupReport {
         &self.report
+    }
+
+    /// Resolves when the NRI connection has ended for good: a socket inherited from the runtime
+    /// (fd 3) closed, which cannot be reconnected. The runtime launches a new instance then, so
+    /// this one must exit and release the node lock. With a socket path the stub reconnects by
+    /// itself and this never resolves before [`Daemon::shutdown`].
+    pub async fn nri_ended(&self) {
+        let mut rx = self.nri_ended.clone();
+        let _ = rx.wait_for(|ended| *ended).await;
     }
 
     /// Stops serving: closes the NRI connection, the claims API (its socket is

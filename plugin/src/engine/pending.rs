@@ -6,7 +6,7 @@
 //! from inside one deadlocks older runtimes).
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use policies::ContainerUpdate;
 
@@ -28,6 +28,28 @@ pub(super) struct Pending {
     /// older decision never replaces a newer one and a clear never drops one it did not push.
     pub(super) order: tokio::sync::Mutex<()>,
     sink: RwLock<Option<Arc<dyn UpdateSink>>>,
+    /// One push at a time: the runtime may apply two overlapping UpdateContainers calls in
+    /// either order (containerd serves each request on its own goroutine), and an older cpuset
+    /// applied after a newer one would stick with its pending entry already cleared.
+    flusher: Mutex<Flusher>,
+}
+
+/// Whether a flush is pushing, and whether someone asked for another round meanwhile.
+#[derive(Default)]
+struct Flusher {
+    running: bool,
+    again: bool,
+}
+
+/// Hands the flusher role back if the flushing future is dropped half-way.
+struct FlusherRole<'a>(&'a Pending);
+
+impl Drop for FlusherRole<'_> {
+    fn drop(&mut self) {
+        let mut f = self.0.flusher();
+        f.running = false;
+        f.again = false;
+    }
 }
 
 impl Pending {
@@ -38,9 +60,37 @@ impl Pending {
     fn sink(&self) -> Option<Arc<dyn UpdateSink>> {
         self.sink.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
+
+    fn flusher(&self) -> MutexGuard<'_, Flusher> {
+        self.flusher.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
+/// Pushes what is pending. Pushes never overlap: a flush asked for while another is pushing
+/// returns at once and the running one makes another round with the newest pending state, so
+/// a newer decision's update always reaches the runtime after an older one's.
 pub(super) async fn flush(engine: &Engine) -> usize {
+    {
+        let mut f = engine.pending.flusher();
+        if f.running {
+            f.again = true;
+            return engine.journal.pending().len();
+        }
+        f.running = true;
+    }
+    let _role = FlusherRole(&engine.pending);
+    loop {
+        let left = flush_once(engine).await;
+        let mut f = engine.pending.flusher();
+        if f.again {
+            f.again = false;
+            continue;
+        }
+        return left;
+    }
+}
+
+async fn flush_once(engine: &Engine) -> usize {
     let snapshot = engine.journal.pending();
     if snapshot.is_empty() {
         return 0;
