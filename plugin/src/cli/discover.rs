@@ -56,8 +56,17 @@ pub fn run(config: &Path, sysfs_root: Option<PathBuf>, json: bool) -> anyhow::Re
     match node {
         Ok(n) => {
             println!("published devices (what a DRA driver would publish):");
+            println!("  {:<12} {:<10} {:<12} NAME", "POOL", "KIND", "DEVICE");
             for p in n.published() {
-                println!("  {p:?}");
+                let kind = match p.kind {
+                    policies::PublishedKind::Whole => "whole",
+                    policies::PublishedKind::Shareable => "shareable",
+                    policies::PublishedKind::Slice => "slice",
+                };
+                println!(
+                    "  {:<12} {:<10} {:<12} {}",
+                    p.pool, kind, p.device_id, p.name
+                );
             }
         }
         Err(e) => println!("the pools do not fit this inventory: {e}"),

@@ -217,6 +217,8 @@ impl Daemon {
         let mut builder = Stub::builder()
             .name(config.nri.plugin_name.clone())
             .index(config.nri.plugin_index.clone());
+        let reconnects =
+            opts.nri_stream.is_none() && std::env::var_os("NRI_PLUGIN_SOCKET").is_none();
         builder = match opts.nri_stream {
             Some(s) => builder.stream(s),
             None if std::env::var_os("NRI_PLUGIN_SOCKET").is_some() => builder.from_env(),
@@ -236,6 +238,7 @@ impl Daemon {
             gate.clone(),
             metrics.clone(),
             health.clone(),
+            reconnects,
         )));
         let (a, m) = (agent.clone(), metrics.clone());
         tasks.push(tokio::spawn(async move {
@@ -355,6 +358,7 @@ async fn watch_connection(
     gate: Gate,
     metrics: Arc<Metrics>,
     health: HealthState,
+    reconnects: bool,
 ) {
     loop {
         match events.recv().await {
@@ -376,7 +380,11 @@ async fn watch_connection(
             Ok(StubEvent::Disconnected { reason }) => {
                 engine.set_update_sink(None);
                 health.set_runtime_connected(false);
-                tracing::warn!(%reason, "NRI connection lost; reconnecting");
+                if reconnects {
+                    tracing::warn!(%reason, "NRI connection lost; reconnecting");
+                } else {
+                    tracing::warn!(%reason, "NRI connection from the runtime that launched nri-accel closed; exiting");
+                }
             }
             Ok(_) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
