@@ -76,7 +76,8 @@ struct Env {
     rt: tokio::runtime::Runtime,
     path: PathBuf,
     _dir: tempfile::TempDir,
-    _server: ClaimsServer,
+    // In a Mutex only to make Env Sync (the server is never touched again).
+    _server: std::sync::Mutex<ClaimsServer>,
 }
 
 fn env() -> &'static Env {
@@ -108,7 +109,7 @@ fn env() -> &'static Env {
             rt,
             path,
             _dir: dir,
-            _server: server,
+            _server: std::sync::Mutex::new(server),
         }
     })
 }

@@ -100,7 +100,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         return;
     };
     rt().block_on(async {
-        let (ours, mut peer) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        let (ours, peer) = std::os::unix::net::UnixStream::pair().expect("socket pair");
         peer.set_nonblocking(true).expect("nonblocking");
         let mut peer = UnixStream::from_std(peer).expect("tokio socket");
         let stub = Arc::new(
