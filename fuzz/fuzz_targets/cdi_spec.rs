@@ -14,7 +14,11 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let mut cfg = StoreConfig::new(dir.path());
     // The first byte picks the format the store writes (the other is read as a fallback) and the
     // file's extension.
-    cfg.format = if sel & 1 == 0 { SpecFormat::Yaml } else { SpecFormat::Json };
+    cfg.format = if sel & 1 == 0 {
+        SpecFormat::Yaml
+    } else {
+        SpecFormat::Json
+    };
     let store = SpecStore::open(cfg).expect("open store");
     let ext = if sel & 2 == 0 { "yaml" } else { "json" };
     let path = dir.path().join(format!("accel.nri.io-device_{UID}.{ext}"));

@@ -48,7 +48,11 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let rest = &data[4..];
     let split = (u16::from_le_bytes([data[2], data[3]]) as usize).min(rest.len());
     let (snap, wal) = rest.split_at(split);
-    let file_boot = if boot_sel & 1 == 0 { BOOT } else { "earlier-boot" };
+    let file_boot = if boot_sel & 1 == 0 {
+        BOOT
+    } else {
+        "earlier-boot"
+    };
     let (snap, mut wal) = if mode & 4 != 0 {
         let snap_gen = u64::from(boot_sel >> 4);
         let wal_gen = u64::from((boot_sel >> 1) & 7);

@@ -140,10 +140,17 @@ async fn calls(path: &PathBuf, data: &[u8]) {
     let mut buf = vec![0u8; 64 * 1024];
     while answered < calls.len() {
         let n = s.read(&mut buf).await.expect("read responses");
-        assert!(n > 0, "connection closed after {answered} of {} well-framed requests", calls.len());
+        assert!(
+            n > 0,
+            "connection closed after {answered} of {} well-framed requests",
+            calls.len()
+        );
         for (id, ty, _) in reader.push(&buf[..n]) {
             assert_eq!(ty, ttrpc_wire::TYPE_RESPONSE);
-            assert!(id % 2 == 1 && (id as usize) < 2 * calls.len(), "response for unknown stream {id}");
+            assert!(
+                id % 2 == 1 && (id as usize) < 2 * calls.len(),
+                "response for unknown stream {id}"
+            );
             answered += 1;
         }
     }
@@ -162,6 +169,8 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
                 raw(&env.path, rest).await
             }
         };
-        tokio::time::timeout(HANG, work).await.expect("claims server hung");
+        tokio::time::timeout(HANG, work)
+            .await
+            .expect("claims server hung");
     });
 });

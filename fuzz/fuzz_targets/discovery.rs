@@ -8,9 +8,9 @@
 #![no_main]
 
 use std::collections::BTreeMap;
-use std::io;
 use std::collections::VecDeque;
 use std::ffi::OsString;
+use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use nri_accel::config::DiscoveryConfig;
@@ -106,13 +106,16 @@ impl MemFs {
     }
 
     fn dir_exists(&self, real: &Path) -> bool {
-        !self.nodes.contains_key(real) && self.nodes.keys().any(|p| p != real && p.starts_with(real))
+        !self.nodes.contains_key(real)
+            && self.nodes.keys().any(|p| p != real && p.starts_with(real))
     }
 }
 
 impl HostFs for MemFs {
     fn read(&self, path: &Path) -> io::Result<String> {
-        let real = self.resolve(path, true).ok_or_else(|| io::Error::other("too many links"))?;
+        let real = self
+            .resolve(path, true)
+            .ok_or_else(|| io::Error::other("too many links"))?;
         match self.nodes.get(&real) {
             Some(Node::File(bytes)) => {
                 if bytes.len() as u64 > MAX_HOST_FILE_BYTES {
@@ -128,7 +131,9 @@ impl HostFs for MemFs {
     }
 
     fn read_dir(&self, path: &Path) -> io::Result<Vec<String>> {
-        let real = self.resolve(path, true).ok_or_else(|| io::Error::other("too many links"))?;
+        let real = self
+            .resolve(path, true)
+            .ok_or_else(|| io::Error::other("too many links"))?;
         if !self.dir_exists(&real) {
             return Err(io::ErrorKind::NotFound.into());
         }
@@ -145,7 +150,9 @@ impl HostFs for MemFs {
     }
 
     fn read_link(&self, path: &Path) -> io::Result<PathBuf> {
-        let real = self.resolve(path, false).ok_or_else(|| io::Error::other("too many links"))?;
+        let real = self
+            .resolve(path, false)
+            .ok_or_else(|| io::Error::other("too many links"))?;
         match self.nodes.get(&real) {
             Some(Node::Link(t)) => Ok(t.clone()),
             Some(_) => Err(io::Error::new(io::ErrorKind::InvalidInput, "not a link")),
@@ -154,7 +161,8 @@ impl HostFs for MemFs {
     }
 
     fn is_dir(&self, path: &Path) -> bool {
-        self.resolve(path, true).is_some_and(|real| self.dir_exists(&real))
+        self.resolve(path, true)
+            .is_some_and(|real| self.dir_exists(&real))
     }
 }
 
@@ -166,6 +174,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         let mut sorted = ids.clone();
         sorted.sort();
         sorted.dedup();
-        assert_eq!(ids, sorted, "inventory not sorted by id or has duplicate ids");
+        assert_eq!(
+            ids, sorted,
+            "inventory not sorted by id or has duplicate ids"
+        );
     }
 });

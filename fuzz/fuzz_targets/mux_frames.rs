@@ -46,9 +46,17 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
                 drop(peer);
             };
             let (_, a, b, c) = tokio::join!(writer, drain(c1), drain(c2), drain(c7));
-            assert!(a + b + c <= data.len(), "conns delivered more than the peer sent");
-            closed.wait_for(|r| r.is_some()).await.expect("close reason");
+            assert!(
+                a + b + c <= data.len(),
+                "conns delivered more than the peer sent"
+            );
+            closed
+                .wait_for(|r| r.is_some())
+                .await
+                .expect("close reason");
         };
-        tokio::time::timeout(HANG, work).await.expect("mux hung on peer input");
+        tokio::time::timeout(HANG, work)
+            .await
+            .expect("mux hung on peer input");
     });
 });

@@ -79,15 +79,24 @@ async fn read_responses(peer: &mut UnixStream, want: usize) {
         while mux_buf.len() >= FRAME_HEADER_LEN {
             let conn = u32::from_be_bytes(mux_buf[0..4].try_into().unwrap());
             let len = u32::from_be_bytes(mux_buf[4..8].try_into().unwrap()) as usize;
-            assert!(len <= 4096, "stub wrote a mux frame of {len} bytes, over 4096");
+            assert!(
+                len <= 4096,
+                "stub wrote a mux frame of {len} bytes, over 4096"
+            );
             if mux_buf.len() < FRAME_HEADER_LEN + len {
                 break;
             }
-            let payload: Vec<u8> = mux_buf.drain(..FRAME_HEADER_LEN + len).skip(FRAME_HEADER_LEN).collect();
+            let payload: Vec<u8> = mux_buf
+                .drain(..FRAME_HEADER_LEN + len)
+                .skip(FRAME_HEADER_LEN)
+                .collect();
             if conn == 1 {
                 for (id, ty, _) in conn1.push(&payload) {
                     assert_eq!(ty, ttrpc_wire::TYPE_RESPONSE);
-                    assert!(id % 2 == 1 && (id as usize) < 2 * want, "response for unknown stream {id}");
+                    assert!(
+                        id % 2 == 1 && (id as usize) < 2 * want,
+                        "response for unknown stream {id}"
+                    );
                     got += 1;
                 }
             }
@@ -123,7 +132,13 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
                 let mut ttrpc = Vec::new();
                 for (i, c) in calls.iter().enumerate() {
                     let method = METHODS[c.method as usize % METHODS.len()];
-                    ttrpc_wire::push_request(&mut ttrpc, 2 * i as u32 + 1, SERVICE, method, c.payload);
+                    ttrpc_wire::push_request(
+                        &mut ttrpc,
+                        2 * i as u32 + 1,
+                        SERVICE,
+                        method,
+                        c.payload,
+                    );
                 }
                 let mut wire = Vec::new();
                 encode_frames(1, &ttrpc, &mut wire);

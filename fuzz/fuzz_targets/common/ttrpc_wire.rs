@@ -39,7 +39,13 @@ pub fn split_calls(mut data: &[u8], max: usize) -> Vec<Call<'_>> {
 }
 
 /// Appends one ttrpc request message for `service`/`method` with `payload` as stream `stream_id`.
-pub fn push_request(out: &mut Vec<u8>, stream_id: u32, service: &str, method: &str, payload: &[u8]) {
+pub fn push_request(
+    out: &mut Vec<u8>,
+    stream_id: u32,
+    service: &str,
+    method: &str,
+    payload: &[u8],
+) {
     let mut req = ttrpc::proto::Request::new();
     req.service = service.to_string();
     req.method = method.to_string();
