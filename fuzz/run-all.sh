@@ -16,8 +16,13 @@ fi
 # cargo-fuzz passes -Z flags (sanitizers) to rustc; on a stable toolchain this allows them.
 export RUSTC_BOOTSTRAP=1
 
+# FUZZ_DEV=1 builds without optimizations (sanitizers kept): a cold build takes about half as long,
+# which is what CI wants for its short runs; long runs should use the default (optimized) build.
+dev=()
+[ "${FUZZ_DEV:-0}" = 1 ] && dev=(--dev)
+
 start=$(date +%s)
-cargo fuzz build
+cargo fuzz build "${dev[@]}"
 echo "fuzz build: $(( $(date +%s) - start )) s"
 
 failed=()
@@ -29,7 +34,7 @@ for t in "${targets[@]}"; do
     # -malloc_limit_mb: one allocation over 256 MiB is a finding (a length taken from the input
     # without a bound). -rss_limit_mb: the whole process stays under 2 GiB. -timeout: one input
     # running 30 s is a hang.
-    if ! cargo fuzz run "$t" "corpus/$t" "${seeds[@]}" -- \
+    if ! cargo fuzz run "${dev[@]}" "$t" "corpus/$t" "${seeds[@]}" -- \
         -max_total_time="$secs" -malloc_limit_mb=256 -rss_limit_mb=2048 -timeout=30 \
         -artifact_prefix="artifacts/$t/" -print_final_stats=1 2>"artifacts/$t.log"; then
         failed+=("$t")
