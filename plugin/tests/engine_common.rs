@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use nri_accel::checkpoint::Checkpoint;
 use nri_accel::engine::{CrashHook, CrashPoint, Engine, HookAction, StartupReport, UpdateSink};
 use policies::{
-    Ask, ClaimRequest, ContainerUpdate, CountRequest, CpuSet, Device, DeviceNode, DeviceSelector,
-    FamilyConfig, Inventory, NamedResult, Node, NodeKind, PoolConfig, Registry,
+    Ask, ClaimRequest, ContainerUpdate, CountRequest, CpuSet, DeviceSelector, FamilyConfig,
+    Inventory, NamedResult, Node, PoolConfig, Registry,
 };
 
 pub const BOOT: &str = "boot-1";
@@ -33,38 +33,11 @@ pub fn dirs() -> Dirs {
 }
 
 pub fn inventory(devices: usize) -> Inventory {
-    let devices = (0..devices)
-        .map(|i| Device {
-            id: format!("gpu{i}"),
-            vendor: "nvidia".into(),
-            model: "H100".into(),
-            pci_address: Some(format!("0000:{:02x}:00.0", 0x18 + i)),
-            pci_id: Some("10de:2330".into()),
-            numa_node: Some((i % 2) as u32),
-            local_cpus: if i % 2 == 0 {
-                "0-3".parse().unwrap()
-            } else {
-                "4-7".parse().unwrap()
-            },
-            memory_mib: 81_920,
-            compute_units: 132,
-            driver: Some("nvidia".into()),
-            nodes: vec![DeviceNode {
-                path: format!("/dev/nvidia{i}"),
-                host_path: None,
-                kind: NodeKind::Char,
-                major: 195,
-                minor: i as u32,
-                permissions: "rw".into(),
-            }],
-            control_nodes: vec![DeviceNode {
-                path: "/dev/nvidiactl".into(),
-                host_path: None,
-                kind: NodeKind::Char,
-                major: 195,
-                minor: 255,
-                permissions: "rw".into(),
-            }],
+    let devices = (0..devices as u32)
+        .map(|i| {
+            let local: CpuSet = if i % 2 == 0 { "0-3" } else { "4-7" }.parse().unwrap();
+            let pci = format!("0000:{:02x}:00.0", 0x18 + i);
+            nri_accel::demo::simulated_gpu(i, i % 2, local, pci)
         })
         .collect();
     Inventory {

@@ -17,7 +17,7 @@ use crate::claims_api::{
 };
 use crate::engine::{CrashPoint, HookAction};
 
-pub use node::config;
+pub use node::{config, simulated_gpu};
 
 const WAIT: Duration = Duration::from_secs(10);
 

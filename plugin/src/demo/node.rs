@@ -8,38 +8,39 @@ use policies::{
 
 use crate::config::Config;
 
-fn gpu(i: u32, numa: u32) -> Device {
-    let local: CpuSet = if numa == 0 { "0-7" } else { "8-15" }
-        .parse()
-        .unwrap_or_default();
+/// One simulated NVIDIA H100 for the demo, tests and benches: `i` picks its id
+/// (`gpu<i>`) and device minor, `numa` its node; the caller gives its local CPUs
+/// and PCI address, which steer the policy's NUMA and PCIe preferences.
+pub fn simulated_gpu(i: u32, numa: u32, local_cpus: CpuSet, pci_address: String) -> Device {
+    let node = |path: String, minor: u32| DeviceNode {
+        path,
+        host_path: None,
+        kind: NodeKind::Char,
+        major: 195,
+        minor,
+        permissions: "rw".into(),
+    };
     Device {
         id: format!("gpu{i}"),
         vendor: "nvidia".into(),
         model: "H100 SXM5 80GB".into(),
-        pci_address: Some(format!("0000:{:02x}:00.0", 0x18 + i * 0x10)),
+        pci_address: Some(pci_address),
         pci_id: Some("10de:2330".into()),
         numa_node: Some(numa),
-        local_cpus: local,
+        local_cpus,
         memory_mib: 81_559,
         compute_units: 132,
         driver: Some("nvidia".into()),
-        nodes: vec![DeviceNode {
-            path: format!("/dev/nvidia{i}"),
-            host_path: None,
-            kind: NodeKind::Char,
-            major: 195,
-            minor: i,
-            permissions: "rw".into(),
-        }],
-        control_nodes: vec![DeviceNode {
-            path: "/dev/nvidiactl".into(),
-            host_path: None,
-            kind: NodeKind::Char,
-            major: 195,
-            minor: 255,
-            permissions: "rw".into(),
-        }],
+        nodes: vec![node(format!("/dev/nvidia{i}"), i)],
+        control_nodes: vec![node("/dev/nvidiactl".into(), 255)],
     }
+}
+
+fn gpu(i: u32, numa: u32) -> Device {
+    let local: CpuSet = if numa == 0 { "0-7" } else { "8-15" }
+        .parse()
+        .unwrap_or_default();
+    simulated_gpu(i, numa, local, format!("0000:{:02x}:00.0", 0x18 + i * 0x10))
 }
 
 fn ids(v: &[&str]) -> DeviceSelector {

@@ -9,43 +9,15 @@ use std::time::{Duration, Instant};
 
 use nri_accel::claims_api::ClaimsClient;
 use nri_accel::config::Config;
-use policies::{
-    CpuSet, Device, DeviceNode, DeviceSelector, FamilyConfig, NodeKind, PoolConfig, ProfileConfig,
-};
+use policies::{CpuSet, Device, DeviceSelector, FamilyConfig, PoolConfig, ProfileConfig};
 
 /// One simulated GPU; `i` picks its PCI address and minor, `numa` its local CPUs (16 per node).
 pub fn gpu(i: u32, numa: u32) -> Device {
     let local: CpuSet = if numa == 0 { "0-15" } else { "16-31" }
         .parse()
         .unwrap_or_default();
-    Device {
-        id: format!("gpu{i}"),
-        vendor: "nvidia".into(),
-        model: "H100 SXM5 80GB".into(),
-        pci_address: Some(format!("0000:{:02x}:{:02x}.0", 0x18 + i / 32, i % 32)),
-        pci_id: Some("10de:2330".into()),
-        numa_node: Some(numa),
-        local_cpus: local,
-        memory_mib: 81_559,
-        compute_units: 132,
-        driver: Some("nvidia".into()),
-        nodes: vec![DeviceNode {
-            path: format!("/dev/nvidia{i}"),
-            host_path: None,
-            kind: NodeKind::Char,
-            major: 195,
-            minor: i,
-            permissions: "rw".into(),
-        }],
-        control_nodes: vec![DeviceNode {
-            path: "/dev/nvidiactl".into(),
-            host_path: None,
-            kind: NodeKind::Char,
-            major: 195,
-            minor: 255,
-            permissions: "rw".into(),
-        }],
-    }
+    let pci = format!("0000:{:02x}:{:02x}.0", 0x18 + i / 32, i % 32);
+    nri_accel::demo::simulated_gpu(i, numa, local, pci)
 }
 
 fn select(ids: impl Iterator<Item = u32>) -> DeviceSelector {
