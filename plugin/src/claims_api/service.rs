@@ -1,7 +1,7 @@
 //! The ttrpc side of the claims API: the gate, the limits and the UID checks in front of the
 //! engine's [`ClaimService`], and the conversion of its answers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -79,6 +79,54 @@ async fn run_engine<T: Send + 'static>(
         .map_err(|e| ClaimsApiError::Engine(e.to_string()))
 }
 
+/// Splits a request's claims into those that pass the UID checks and convert,
+/// and per-claim errors for the others (keyed by the UID as sent).
+fn screen<P, T, A>(
+    claims: Vec<P>,
+    uid_of: impl Fn(&P) -> &str,
+    convert: impl Fn(P) -> Result<T, String>,
+) -> (Vec<T>, BTreeMap<String, Result<A, String>>) {
+    let counts = uid_counts(claims.iter().map(&uid_of));
+    let screened: Vec<Result<(), String>> = claims
+        .iter()
+        .map(|c| screen_uid(uid_of(c), &counts))
+        .collect();
+    drop(counts);
+    let mut answers = BTreeMap::new();
+    let mut passed = Vec::new();
+    for (claim, check) in claims.into_iter().zip(screened) {
+        let uid = uid_of(&claim).to_string();
+        match check.and_then(|()| convert(claim)) {
+            Ok(t) => passed.push(t),
+            Err(e) => {
+                answers.insert(uid, Err(e));
+            }
+        }
+    }
+    (passed, answers)
+}
+
+/// Moves the engine's answer for every claim asked into `answers`; a claim the
+/// engine left out gets an error, and answers nobody asked for are dropped.
+fn collect_answers<A>(
+    asked: Vec<String>,
+    mut results: BTreeMap<String, Result<A, String>>,
+    answers: &mut BTreeMap<String, Result<A, String>>,
+) {
+    for uid in asked {
+        let answer = results
+            .remove(&uid)
+            .unwrap_or_else(|| Err(missing_answer(&uid)));
+        answers.insert(uid, answer);
+    }
+    if !results.is_empty() {
+        tracing::warn!(
+            extra = ?results.keys().collect::<Vec<_>>(),
+            "claim engine answered claims nobody asked for; dropped"
+        );
+    }
+}
+
 #[async_trait]
 impl<S: ClaimService> claims_ttrpc::Claims for ClaimsHandler<S> {
     async fn prepare(
@@ -87,41 +135,17 @@ impl<S: ClaimService> claims_ttrpc::Claims for ClaimsHandler<S> {
         req: pb::PrepareRequest,
     ) -> ttrpc::Result<pb::PrepareResponse> {
         self.admit("Prepare", req.claims.len())?;
-        let counts = uid_counts(req.claims.iter().map(|c| c.uid.as_str()));
-        let screened: Vec<Result<(), String>> = req
-            .claims
-            .iter()
-            .map(|c| screen_uid(&c.uid, &counts))
-            .collect();
-        drop(counts);
-        let mut answers = PrepareResults::new();
-        let mut specs = Vec::new();
-        for (claim, screen) in req.claims.into_iter().zip(screened) {
-            let uid = claim.uid.clone();
-            match screen.and_then(|()| convert::claim_from_proto(claim, &self.limits)) {
-                Ok(spec) => specs.push(spec),
-                Err(e) => {
-                    answers.insert(uid, Err(e));
-                }
-            }
-        }
+        let (specs, mut answers): (_, PrepareResults) = screen(
+            req.claims,
+            |c| c.uid.as_str(),
+            |c| convert::claim_from_proto(c, &self.limits),
+        );
         if !specs.is_empty() {
             let asked: Vec<String> = specs.iter().map(|s| s.uid.clone()).collect();
             tracing::info!(claims = asked.len(), "claims API Prepare");
             let engine = Arc::clone(&self.engine);
-            let mut results = run_engine(async move { engine.prepare(specs).await }).await?;
-            for uid in asked {
-                let answer = results
-                    .remove(&uid)
-                    .unwrap_or_else(|| Err(missing_answer(&uid)));
-                answers.insert(uid, answer);
-            }
-            if !results.is_empty() {
-                tracing::warn!(
-                    extra = ?results.keys().collect::<Vec<_>>(),
-                    "claim engine answered claims nobody asked for; dropped"
-                );
-            }
+            let results = run_engine(async move { engine.prepare(specs).await }).await?;
+            collect_answers(asked, results, &mut answers);
         }
         Ok(convert::prepare_results_to_proto(answers))
     }
@@ -132,35 +156,14 @@ impl<S: ClaimService> claims_ttrpc::Claims for ClaimsHandler<S> {
         req: pb::UnprepareRequest,
     ) -> ttrpc::Result<pb::UnprepareResponse> {
         self.admit("Unprepare", req.claims.len())?;
-        let counts = uid_counts(req.claims.iter().map(|c| c.uid.as_str()));
-        let screened: Vec<Result<(), String>> = req
-            .claims
-            .iter()
-            .map(|c| screen_uid(&c.uid, &counts))
-            .collect();
-        drop(counts);
-        let mut answers = UnprepareResults::new();
-        let mut refs = Vec::new();
-        for (claim, screen) in req.claims.into_iter().zip(screened) {
-            let uid = claim.uid.clone();
-            match screen.and_then(|()| convert::ref_from_proto(claim)) {
-                Ok(r) => refs.push(r),
-                Err(e) => {
-                    answers.insert(uid, Err(e));
-                }
-            }
-        }
+        let (refs, mut answers): (_, UnprepareResults) =
+            screen(req.claims, |c| c.uid.as_str(), convert::ref_from_proto);
         if !refs.is_empty() {
             let asked: Vec<String> = refs.iter().map(|r| r.uid.clone()).collect();
             tracing::info!(claims = asked.len(), "claims API Unprepare");
             let engine = Arc::clone(&self.engine);
-            let mut results = run_engine(async move { engine.unprepare(refs).await }).await?;
-            for uid in asked {
-                let answer = results
-                    .remove(&uid)
-                    .unwrap_or_else(|| Err(missing_answer(&uid)));
-                answers.insert(uid, answer);
-            }
+            let results = run_engine(async move { engine.unprepare(refs).await }).await?;
+            collect_answers(asked, results, &mut answers);
         }
         Ok(convert::unprepare_results_to_proto(answers))
     }
