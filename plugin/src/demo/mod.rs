@@ -1,6 +1,7 @@
 //! `nri-accel demo`: the whole path on an embedded simulated node and runtime,
 //! over real sockets in a temp dir, explained step by step.
 
+pub mod fixtures;
 mod node;
 
 use std::process::ExitCode;
@@ -9,66 +10,25 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use fake_runtime::FakeRuntime;
-use nri_proto::api::{CDIDevice, Container, ContainerState, LinuxContainer, PodSandbox};
-use nri_proto::protobuf::MessageField;
+use nri_proto::api::PodSandbox;
 
-use crate::claims_api::{
-    ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, DraResult, Family, Selector,
-};
+use crate::claims_api::{ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, DraResult, Family};
 use crate::engine::{CrashPoint, HookAction};
 
 pub use node::{config, simulated_gpu};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn step(n: u32, title: &str) {
-    println!("\n── {n}. {title}");
-}
-
 fn pod(name: &str, annotations: &[(&str, &str)]) -> PodSandbox {
-    let mut p = PodSandbox::new();
-    p.id = format!("sandbox-{name}");
-    p.name = name.into();
-    p.uid = format!("uid-{name}");
-    p.namespace = "demo".into();
-    for (k, v) in annotations {
-        p.annotations.insert(k.to_string(), v.to_string());
-    }
-    p
-}
-
-fn container(id: &str, pod: &PodSandbox, name: &str, cdi: &[String]) -> Container {
-    let mut c = Container::new();
-    c.id = id.into();
-    c.pod_sandbox_id = pod.id.clone();
-    c.name = name.into();
-    c.state = ContainerState::CONTAINER_RUNNING.into();
-    c.CDI_devices = cdi
-        .iter()
-        .map(|n| {
-            let mut d = CDIDevice::new();
-            d.name = n.clone();
-            d
-        })
-        .collect();
-    c.linux = MessageField::some(LinuxContainer::new());
-    c
+    fixtures::pod("demo", name, annotations)
 }
 
 fn count_claim(uid: &str, family: Family, profile: Option<&str>) -> ClaimSpec {
-    ClaimSpec {
-        uid: uid.into(),
-        namespace: "demo".into(),
-        name: format!("{uid}-claim"),
-        ask: ClaimAsk::Count(vec![CountAsk {
-            request: "gpu".into(),
-            count: 1,
-            family,
-            selector: Selector::default(),
-            profile: profile.map(str::to_string),
-            shares: None,
-        }]),
-    }
+    fixtures::count_claim("demo", uid, family, profile)
+}
+
+fn step(n: u32, title: &str) {
+    println!("\n── {n}. {title}");
 }
 
 async fn prepare(client: &ClaimsClient, spec: ClaimSpec) -> anyhow::Result<Vec<String>> {
@@ -143,7 +103,12 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
         .context("starting the fake runtime")?;
     let web = pod("web", &[]);
     fake.add_pod(web.clone());
-    fake.add_container(container("c-web-0000000000000001", &web, "nginx", &[]));
+    fake.add_container(fixtures::container(
+        "c-web-0000000000000001",
+        &web,
+        "nginx",
+        &[],
+    ));
     let daemon = crate::daemon::Daemon::start(
         &cfg,
         crate::daemon::DaemonOptions {
@@ -192,7 +157,7 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
     );
     let train = pod("train", &[]);
     fake.add_pod(train.clone());
-    let trainer = container("c-train-000000000000001", &train, "trainer", &whole);
+    let trainer = fixtures::container("c-train-000000000000001", &train, "trainer", &whole);
     fake.create_container(&train, &trainer).await?;
     fake.add_container(trainer.clone());
     show_adjustment(&fake, &trainer.id);
@@ -220,7 +185,7 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
         &[("accel.nri.io/container.jupyter", "count=1,family=shared")],
     );
     fake.add_pod(notebook.clone());
-    let jupyter = container("c-nb-0000000000000001", &notebook, "jupyter", &[]);
+    let jupyter = fixtures::container("c-nb-0000000000000001", &notebook, "jupyter", &[]);
     fake.create_container(&notebook, &jupyter).await?;
     fake.add_container(jupyter.clone());
     show_adjustment(&fake, &jupyter.id);

@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use policies::{
-    CpuSet, Device, DeviceNode, DeviceSelector, FamilyConfig, NodeKind, PoolConfig, ProfileConfig,
-};
+use policies::{CpuSet, Device, DeviceNode, DeviceSelector, FamilyConfig, NodeKind, PoolConfig};
 
 use crate::config::Config;
 
@@ -86,22 +84,7 @@ pub fn config(dir: &Path) -> Config {
             select: ids(&["gpu3"]),
             family: FamilyConfig::Sliced {
                 slots: 8,
-                profiles: vec![
-                    ProfileConfig {
-                        name: "1g.10gb".into(),
-                        size: 1,
-                        memory_mib: 9_856,
-                        compute_units: 16,
-                        starts: (0..7).collect(),
-                    },
-                    ProfileConfig {
-                        name: "3g.40gb".into(),
-                        size: 4,
-                        memory_mib: 40_192,
-                        compute_units: 60,
-                        starts: vec![0, 4],
-                    },
-                ],
+                profiles: super::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
         },

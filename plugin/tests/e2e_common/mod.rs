@@ -11,11 +11,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use fake_runtime::FakeRuntime;
-use nri_accel::claims_api::{
-    ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, Family, Selector,
-};
-use nri_proto::api::{CDIDevice, Container, ContainerState, LinuxContainer, PodSandbox};
-use nri_proto::protobuf::MessageField;
+use nri_accel::claims_api::{ClaimRef, ClaimSpec, ClaimsClient, Family};
+use nri_proto::api::{Container, PodSandbox};
 use serde_json::Value;
 
 /// The real binary under test.
@@ -376,51 +373,17 @@ pub async fn runtime(node: &TestNode) -> FakeRuntime {
 
 /// A pod with `annotations`.
 pub fn pod(name: &str, annotations: &[(&str, &str)]) -> PodSandbox {
-    let mut p = PodSandbox::new();
-    p.id = format!("sandbox-{name}");
-    p.name = name.into();
-    p.uid = format!("uid-{name}");
-    p.namespace = "e2e".into();
-    for (k, v) in annotations {
-        p.annotations.insert(k.to_string(), v.to_string());
-    }
-    p
+    nri_accel::demo::fixtures::pod("e2e", name, annotations)
 }
 
 /// A running container of `pod` carrying `cdi` device names.
 pub fn container(id: &str, pod: &PodSandbox, name: &str, cdi: &[String]) -> Container {
-    let mut c = Container::new();
-    c.id = id.into();
-    c.pod_sandbox_id = pod.id.clone();
-    c.name = name.into();
-    c.state = ContainerState::CONTAINER_RUNNING.into();
-    c.CDI_devices = cdi
-        .iter()
-        .map(|n| {
-            let mut d = CDIDevice::new();
-            d.name = n.clone();
-            d
-        })
-        .collect();
-    c.linux = MessageField::some(LinuxContainer::new());
-    c
+    nri_accel::demo::fixtures::container(id, pod, name, cdi)
 }
 
 /// A count claim of one unit of `family` (`profile` for sliced).
 pub fn count_claim(uid: &str, family: Family, profile: Option<&str>) -> ClaimSpec {
-    ClaimSpec {
-        uid: uid.into(),
-        namespace: "e2e".into(),
-        name: format!("{uid}-claim"),
-        ask: ClaimAsk::Count(vec![CountAsk {
-            request: "gpu".into(),
-            count: 1,
-            family,
-            selector: Selector::default(),
-            profile: profile.map(str::to_string),
-            shares: None,
-        }]),
-    }
+    nri_accel::demo::fixtures::count_claim("e2e", uid, family, profile)
 }
 
 /// A reference to claim `uid` for Unprepare.

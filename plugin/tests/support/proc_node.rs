@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nri_accel::claims_api::ClaimsClient;
 use nri_accel::config::Config;
-use policies::{CpuSet, Device, DeviceSelector, FamilyConfig, PoolConfig, ProfileConfig};
+use policies::{CpuSet, Device, DeviceSelector, FamilyConfig, PoolConfig};
 
 /// One simulated GPU; `i` picks its PCI address and minor, `numa` its local CPUs (16 per node).
 pub fn gpu(i: u32, numa: u32) -> Device {
@@ -93,22 +93,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             select: select(s..total),
             family: FamilyConfig::Sliced {
                 slots: 8,
-                profiles: vec![
-                    ProfileConfig {
-                        name: "1g.10gb".into(),
-                        size: 1,
-                        memory_mib: 9_856,
-                        compute_units: 16,
-                        starts: (0..7).collect(),
-                    },
-                    ProfileConfig {
-                        name: "3g.40gb".into(),
-                        size: 4,
-                        memory_mib: 40_192,
-                        compute_units: 60,
-                        starts: vec![0, 4],
-                    },
-                ],
+                profiles: nri_accel::demo::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
         });
