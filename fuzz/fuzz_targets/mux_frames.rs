@@ -34,7 +34,7 @@ async fn drain(mut conn: MuxConn) -> usize {
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     rt().block_on(async {
         let (ours, mut peer) = UnixStream::pair().expect("socket pair");
-        let mux = Mux::new(ours);
+        let mux = Mux::new(ours).expect("register the socket");
         let c1 = mux.open(1).expect("conn 1");
         let c2 = mux.open(2).expect("conn 2");
         let c7 = mux.open(7).expect("conn 7");

@@ -29,3 +29,18 @@ fn libc_sock_mask() -> u32 {
 fn libc_sock_mode() -> u32 {
     nix::sys::stat::SFlag::S_IFSOCK.bits()
 }
+
+/// Registers `stream` with the current tokio reactor for the given readiness only.
+///
+/// tokio's own `UnixStream` always registers for readability and writability; with edge-triggered
+/// epoll every byte the peer reads then wakes this process for a writability nobody waits for.
+pub(crate) fn register(
+    stream: std::os::unix::net::UnixStream,
+    interest: tokio::io::Interest,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::unix::net::UnixStream>> {
+    // SAFETY: `UnixStream` owns its descriptor: it stays open and refers to the same socket until
+    // the stream is dropped, which happens only when the `AsyncFd` (its sole owner) is dropped, and
+    // `as_raw_fd` always returns that one descriptor.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(stream, interest) }
+        .map_err(std::io::Error::from)
+}

@@ -22,7 +22,9 @@ mod events;
 mod fd;
 pub mod mux;
 mod plugin;
+mod server;
 mod service;
+mod socket;
 mod stub;
 
 /// Code generated from `proto/nri.proto` at build time (messages and ttrpc services).

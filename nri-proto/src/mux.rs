@@ -16,9 +16,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, BufReader, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
+
+use crate::socket::{MuxSocket, SocketReader};
 
 /// Conn id of the plugin service (the plugin serves, the runtime calls).
 pub const PLUGIN_SERVICE_CONN: u32 = 1;
@@ -30,6 +32,8 @@ pub const MAX_FRAME_PAYLOAD: usize = 4 * 1024 * 1024 + 10;
 pub const MAX_WRITE_FRAME: usize = 4096;
 /// Size of the frame header.
 pub const FRAME_HEADER_LEN: usize = 8;
+/// The frame reader's buffer: a message and its frame headers usually arrive in one read.
+const READ_BUFFER: usize = 64 * 1024;
 
 /// Errors of the multiplexer.
 #[derive(Debug, thiserror::Error)]
@@ -77,11 +81,13 @@ pub struct Mux {
 
 impl Mux {
     /// Starts multiplexing `stream`: spawns one reader and one writer task on the current runtime.
-    pub fn new(stream: UnixStream) -> Mux {
-        let (rd, wr) = stream.into_split();
+    /// Fails only if the socket cannot be registered with the runtime's reactor.
+    pub fn new(stream: UnixStream) -> Result<Mux, MuxError> {
+        let sock = Arc::new(MuxSocket::new(stream)?);
+        let rd = BufReader::with_capacity(READ_BUFFER, SocketReader(sock.clone()));
         let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
         let out = Arc::new(WriteShared {
-            half: wr,
+            sock,
             state: Mutex::new(WriteState::default()),
             wake: tokio::sync::Notify::new(),
         });
@@ -89,13 +95,13 @@ impl Mux {
         let closed_tx = Arc::new(closed_tx);
         let reader = tokio::spawn(read_loop(rd, routes.clone(), closed_tx.clone()));
         let writer = tokio::spawn(write_loop(out.clone(), closed_tx.clone()));
-        Mux {
+        Ok(Mux {
             routes,
             out,
             closed,
             closed_tx,
             tasks: vec![reader, writer],
-        }
+        })
     }
 
     /// Opens conn `id` and returns it as a byte stream (AsyncRead + AsyncWrite).
@@ -139,8 +145,7 @@ impl Mux {
             let mut st = self.out.lock();
             st.failed.get_or_insert_with(|| "connection closed".into());
         }
-        let fd = std::os::fd::AsRawFd::as_raw_fd(self.out.half.as_ref());
-        let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
+        self.out.sock.shutdown();
         self.routes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -155,7 +160,7 @@ impl Drop for Mux {
 }
 
 async fn read_loop(
-    mut rd: tokio::net::unix::OwnedReadHalf,
+    mut rd: impl AsyncRead + Unpin,
     routes: Routes,
     closed: Arc<watch::Sender<Option<String>>>,
 ) {
@@ -209,7 +214,7 @@ async fn read_frames(rd: &mut (impl AsyncRead + Unpin), routes: &Routes) -> Resu
 /// is queued (saving a task hand-off per message); otherwise, or when the socket would block, it
 /// is queued whole for the writer task, so frames never interleave and order is kept.
 struct WriteShared {
-    half: tokio::net::unix::OwnedWriteHalf,
+    sock: Arc<MuxSocket>,
     state: Mutex<WriteState>,
     wake: tokio::sync::Notify,
 }
@@ -237,7 +242,7 @@ impl WriteShared {
         if st.queue.is_empty() && !st.busy {
             let mut off = 0;
             while off < framed.len() {
-                match self.half.try_write(&framed[off..]) {
+                match self.sock.try_write(&framed[off..]) {
                     Ok(n) => off += n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -262,6 +267,8 @@ impl WriteShared {
 }
 
 async fn write_loop(shared: Arc<WriteShared>, closed: Arc<watch::Sender<Option<String>>>) {
+    // Registered for writability only while a backlog is being written.
+    let mut waiter = None;
     loop {
         let next = {
             let mut st = shared.lock();
@@ -275,29 +282,37 @@ async fn write_loop(shared: Arc<WriteShared>, closed: Arc<watch::Sender<Option<S
             next
         };
         let Some(buf) = next else {
+            waiter = None;
             shared.wake.notified().await;
             continue;
         };
-        let mut off = 0;
-        while off < buf.len() {
-            let r = match shared.half.writable().await {
-                Ok(()) => shared.half.try_write(&buf[off..]),
-                Err(e) => Err(e),
-            };
-            match r {
-                Ok(n) => off += n,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(e) => {
-                    shared.lock().failed = Some(e.to_string());
-                    break;
-                }
-            }
+        if let Err(e) = write_backlog(&shared.sock, &buf, &mut waiter).await {
+            shared.lock().failed = Some(e.to_string());
         }
     }
+}
+
+/// Writes all of `buf`, waiting for writability whenever the socket is full.
+async fn write_backlog(
+    sock: &MuxSocket,
+    buf: &[u8],
+    waiter: &mut Option<crate::socket::WriteWaiter>,
+) -> io::Result<()> {
+    let mut off = 0;
+    while off < buf.len() {
+        let r = match waiter {
+            Some(w) => w.write(&buf[off..]).await,
+            None => sock.try_write(&buf[off..]),
+        };
+        match r {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => off += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => *waiter = Some(sock.write_waiter()?),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Appends `data` to `out` as frames of conn `id`, each at most [`MAX_WRITE_FRAME`] payload bytes.
@@ -370,6 +385,39 @@ impl MuxConn {
     pub fn id(&self) -> u32 {
         self.id
     }
+
+    /// A handle that writes to this conn without borrowing it, so one task can keep a read
+    /// pending while it writes.
+    pub fn sender(&self) -> ConnSender {
+        ConnSender {
+            id: self.id,
+            out: self.out.clone(),
+        }
+    }
+}
+
+/// Writes to one conn (see [`MuxConn::sender`]). Writes never wait: what the socket does not
+/// take at once is queued whole, in order.
+#[derive(Clone)]
+pub struct ConnSender {
+    id: u32,
+    out: Arc<WriteShared>,
+}
+
+impl ConnSender {
+    /// Writes `data` to the conn in frames of at most [`MAX_WRITE_FRAME`] bytes; fails once the
+    /// socket has failed or been closed.
+    pub fn send(&self, data: &[u8]) -> io::Result<()> {
+        self.out.submit(framed(self.id, data))
+    }
+}
+
+fn framed(id: u32, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        data.len() + FRAME_HEADER_LEN * data.len().div_ceil(MAX_WRITE_FRAME).max(1),
+    );
+    encode_frames(id, data, &mut out);
+    out
 }
 
 impl AsyncRead for MuxConn {
@@ -412,11 +460,7 @@ impl AsyncWrite for MuxConn {
         _cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let mut framed = Vec::with_capacity(
-            data.len() + FRAME_HEADER_LEN * data.len().div_ceil(MAX_WRITE_FRAME).max(1),
-        );
-        encode_frames(self.id, data, &mut framed);
-        Poll::Ready(self.out.submit(framed).map(|()| data.len()))
+        Poll::Ready(self.out.submit(framed(self.id, data)).map(|()| data.len()))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -452,7 +496,7 @@ mod tests {
     #[tokio::test]
     async fn oversized_frame_closes_without_allocating() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let mux = Mux::new(a);
+        let mux = Mux::new(a).unwrap();
         let mut conn = mux.open(1).unwrap();
         let mut closed = mux.closed();
         b.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff])
@@ -473,7 +517,7 @@ mod tests {
     #[tokio::test]
     async fn reader_reassembles_frames_of_any_size_and_drops_unknown_conns() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let mux = Mux::new(a);
+        let mux = Mux::new(a).unwrap();
         let mut conn = mux.open(2).unwrap();
         // One ttrpc message (10-byte header + body) spread over frames of odd sizes.
         let mut big = Vec::with_capacity(100_000);
@@ -496,7 +540,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_writers_on_a_full_socket_keep_frames_whole_and_ordered() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let mux = Mux::new(a);
+        let mux = Mux::new(a).unwrap();
         let mut writers = Vec::new();
         for id in [1u32, 2] {
             let mut conn = mux.open(id).unwrap();

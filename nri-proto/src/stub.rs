@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, watch};
-use ttrpc::r#async::transport::{Listener, Socket};
+use ttrpc::r#async::transport::Socket;
 
 use crate::api::{
     ContainerEviction, ContainerUpdate, RegisterPluginRequest, UpdateContainersRequest,
 };
 use crate::error::StubError;
-use crate::generated::nri_ttrpc::{RuntimeClient, create_plugin};
+use crate::generated::nri_ttrpc::RuntimeClient;
 use crate::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use crate::plugin::Plugin;
 use crate::service::PluginService;
@@ -282,7 +282,7 @@ impl Stub {
     /// [`Stub::close`] is called. Returns `Ok` after a connection that was configured.
     pub async fn connect_once<P: Plugin>(&self, plugin: Arc<P>) -> Result<(), StubError> {
         let stream = self.open_stream().await?;
-        let mux = Mux::new(stream);
+        let mux = Mux::new(stream).map_err(|e| StubError::Transport(e.to_string()))?;
         let conn1 = mux
             .open(PLUGIN_SERVICE_CONN)
             .map_err(|e| StubError::Transport(e.to_string()))?;
@@ -293,17 +293,7 @@ impl Stub {
 
         // Serve conn 1 before registering: the runtime may send Configure before it replies.
         let service = PluginService::new(plugin, self.notify.clone());
-        let listener = Listener::new(futures::StreamExt::chain(
-            futures::stream::iter([Ok::<_, std::io::Error>(conn1)]),
-            futures::stream::pending(),
-        ));
-        let mut server = ttrpc::r#async::Server::new()
-            .register_service(create_plugin(Arc::new(service)))
-            .add_listener(listener);
-        server
-            .start()
-            .await
-            .map_err(|e| StubError::Transport(e.to_string()))?;
+        let server = tokio::spawn(crate::server::serve(conn1, Arc::new(service)));
         let client = RuntimeClient::new(ttrpc::r#async::Client::new(Socket::new(conn2)));
         // Installed before registering, so it is in place by the time StubEvent::Synchronized is
         // seen (the runtime may synchronize before its RegisterPlugin reply is processed here).
@@ -341,7 +331,8 @@ impl Stub {
             .clone()
             .unwrap_or_else(|| "closed by the plugin".into());
         mux.close();
-        let _ = tokio::time::timeout(Duration::from_secs(1), server.shutdown()).await;
+        // The server ends with the connection, once its running handlers finish (bounded).
+        let _ = server.await;
         self.notify.send(StubEvent::Disconnected {
             reason: reason.clone(),
         });

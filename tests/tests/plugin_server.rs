@@ -1,0 +1,225 @@
+//! The stub's ttrpc server as the runtime sees it: requests in flight at once are served at once,
+//! names it does not serve answer Unimplemented, bad envelopes get an error status, and a handler
+//! running when the runtime goes away is allowed to finish.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use fake_runtime::FakeRuntime;
+use fake_runtime::fixtures::{container, node_state, pod};
+use fake_runtime::wire::{self, Request, Response};
+use nri_proto::api::*;
+use nri_proto::{EventMask, Plugin, PluginError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Notify;
+
+const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
+
+/// UpdateContainer waits until a CreateContainer has been handled; CreateContainer can take a
+/// while and records that it finished.
+#[derive(Default)]
+struct Gated {
+    created: Notify,
+    create_delay: Option<Duration>,
+    create_done: AtomicBool,
+}
+
+#[async_trait]
+impl Plugin for Gated {
+    fn events(&self) -> EventMask {
+        EventMask::of(&[Event::CREATE_CONTAINER, Event::UPDATE_CONTAINER])
+    }
+
+    async fn create_container(
+        &self,
+        _pod: PodSandbox,
+        _c: Container,
+    ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
+        if let Some(d) = self.create_delay {
+            tokio::time::sleep(d).await;
+        }
+        self.create_done.store(true, Ordering::SeqCst);
+        self.created.notify_one();
+        Ok((ContainerAdjustment::new(), Vec::new()))
+    }
+
+    async fn update_container(
+        &self,
+        _pod: PodSandbox,
+        _c: Container,
+        _r: Option<LinuxResources>,
+    ) -> Result<(Vec<ContainerUpdate>, Vec<ContainerEviction>), PluginError> {
+        self.created.notified().await;
+        Ok((Vec::new(), Vec::new()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_does_not_hold_up_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nri.sock");
+    let rt = FakeRuntime::start(&path).await.unwrap();
+    let plugin = Arc::new(Gated::default());
+    let stub = stub(&path);
+    let (s, p) = (stub.clone(), plugin.clone());
+    let task = tokio::spawn(async move { s.connect_once(p).await });
+    rt.wait_synchronized(1, HANG_GUARD).await.unwrap();
+
+    // UpdateContainer goes first and can only finish once the CreateContainer sent after it has
+    // been handled: served one at a time, the pair would miss the 2 s request timeout.
+    let pd = pod(0);
+    let (c1, c2) = (container(1, &pd, 0), container(2, &pd, 0));
+    let update = rt.update_container(&pd, &c1, None);
+    let create = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        rt.create_container(&pd, &c2).await
+    };
+    let (u, c) = tokio::join!(update, create);
+    u.expect("UpdateContainer answered");
+    c.expect("CreateContainer answered");
+    assert!(rt.errors().is_empty(), "{:?}", rt.errors());
+
+    stub.close();
+    tokio::time::timeout(HANG_GUARD, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_running_when_the_runtime_goes_away_is_let_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nri.sock");
+    let rt = FakeRuntime::start(&path).await.unwrap();
+    let (pods, containers) = node_state(1, 1);
+    pods.into_iter().for_each(|p| rt.add_pod(p));
+    containers.into_iter().for_each(|c| rt.add_container(c));
+    let plugin = Arc::new(Gated {
+        create_delay: Some(Duration::from_millis(300)),
+        ..Gated::default()
+    });
+    let stub = stub(&path);
+    let (s, p) = (stub.clone(), plugin.clone());
+    let task = tokio::spawn(async move { s.connect_once(p).await });
+    rt.wait_synchronized(1, HANG_GUARD).await.unwrap();
+
+    let pd = pod(0);
+    let c = container(7, &pd, 0);
+    let call = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.create_container(&pd, &c).await })
+    };
+    // The runtime goes away while the handler sleeps.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    rt.stop().await;
+    assert!(call.await.unwrap().is_err(), "the runtime gets no answer");
+    tokio::time::timeout(HANG_GUARD, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        plugin.create_done.load(Ordering::SeqCst),
+        "the stub returned before the running handler finished"
+    );
+}
+
+/// Writes `requests` on conn 1 of a stub's connection and returns the responses by stream id,
+/// in the order they arrived.
+async fn raw_exchange(requests: Vec<(u32, Vec<u8>)>) -> Vec<(u32, Response)> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nri.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let stub = stub(&path);
+    let s = stub.clone();
+    let plugin = Recorder::new(EventMask::of(&[Event::CREATE_CONTAINER]));
+    let task = tokio::spawn(async move { s.connect_once(plugin).await });
+    let (mut peer, _) = listener.accept().await.unwrap();
+    let n = requests.len();
+    for (sid, body) in requests {
+        peer.write_all(&wire::frame_message(1, sid, wire::TYPE_REQUEST, &body))
+            .await
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    tokio::time::timeout(HANG_GUARD, async {
+        let mut acc = Vec::new();
+        while got.len() < n {
+            let (conn, p) = read_frame(&mut peer).await;
+            if conn != 1 {
+                continue;
+            }
+            acc.extend(p);
+            while acc.len() >= 10 {
+                let blen = u32::from_be_bytes([acc[0], acc[1], acc[2], acc[3]]) as usize;
+                if acc.len() < 10 + blen {
+                    break;
+                }
+                let sid = u32::from_be_bytes([acc[4], acc[5], acc[6], acc[7]]);
+                assert_eq!(acc[8], wire::TYPE_RESPONSE);
+                got.push((sid, Response::decode(&acc[10..10 + blen]).unwrap()));
+                acc.drain(..10 + blen);
+            }
+        }
+    })
+    .await
+    .expect("every request answered");
+    stub.close();
+    tokio::time::timeout(HANG_GUARD, task).await.unwrap().ok();
+    got
+}
+
+async fn read_frame(s: &mut UnixStream) -> (u32, Vec<u8>) {
+    let mut h = [0u8; 8];
+    s.read_exact(&mut h).await.unwrap();
+    let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
+    assert!(len <= 4096, "stub wrote a {len}-byte frame");
+    let mut p = vec![0u8; len];
+    s.read_exact(&mut p).await.unwrap();
+    (u32::from_be_bytes([h[0], h[1], h[2], h[3]]), p)
+}
+
+fn request(service: &str, method: &str, payload: Vec<u8>) -> Vec<u8> {
+    Request {
+        service: service.into(),
+        method: method.into(),
+        payload,
+        timeout_nano: 0,
+    }
+    .encode()
+}
+
+#[tokio::test]
+async fn unknown_names_answer_unimplemented_and_bad_envelopes_an_error() {
+    let got = raw_exchange(vec![
+        (1, request(PLUGIN_SERVICE, "NoSuchMethod", Vec::new())),
+        (
+            3,
+            request("nri.pkg.api.v1alpha1.Elsewhere", "Configure", Vec::new()),
+        ),
+        // A request envelope whose method name is not UTF-8.
+        (5, vec![18, 2, 0xff, 0xfe]),
+        // Even stream ids belong to the server side and are refused.
+        (6, request(PLUGIN_SERVICE, "Shutdown", Vec::new())),
+        (7, request(PLUGIN_SERVICE, "Shutdown", Vec::new())),
+    ])
+    .await;
+    let code = |sid| {
+        got.iter()
+            .find(|(s, _)| *s == sid)
+            .map(|(_, r)| r.code)
+            .unwrap_or_else(|| panic!("no answer for stream {sid}: {got:?}"))
+    };
+    assert_eq!(code(1), 12, "unknown method");
+    assert_eq!(code(3), 12, "unknown service");
+    assert_eq!(code(5), 3, "bad envelope: InvalidArgument");
+    assert_eq!(code(6), 3, "even stream id: InvalidArgument");
+    assert_eq!(code(7), 0, "Shutdown is served");
+}
