@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use nri_proto::api::*;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 use crate::wire::Response;
 
 mod calls;
 mod conn;
+mod socket;
 pub use calls::{encode_sync_chunks, nri_mask_for};
 
 const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
@@ -109,13 +110,11 @@ struct State {
     fail_updates: usize,
     errors: Vec<String>,
     syncs: usize,
-    /// Largest frame the plugin sent on each conn.
-    max_plugin_frame: usize,
 }
 
 struct PluginConn {
     info: Mutex<PluginInfo>,
-    out: mpsc::UnboundedSender<Vec<u8>>,
+    out: Arc<socket::PluginSocket>,
     pending: Mutex<HashMap<u32, oneshot::Sender<Response>>>,
     next_stream: AtomicU32,
     kill: watch::Sender<bool>,

@@ -9,7 +9,6 @@
 use protobuf::CodedInputStream;
 use protobuf::CodedOutputStream;
 use protobuf::rt::WireType;
-use tokio::sync::mpsc;
 
 /// Frame header size.
 pub const FRAME_HEADER: usize = 8;
@@ -80,76 +79,105 @@ pub fn frame_message(conn: u32, stream_id: u32, kind: u8, body: &[u8]) -> Vec<u8
     out
 }
 
-/// One conn as Go's ttrpc sees it: a `bufio.Reader` of 4096 bytes over the mux conn.
+/// One conn as Go's ttrpc reads it: a 4096-byte `bufio.Reader` over the mux conn, where each
+/// `Read` of the conn takes one whole frame and fails (ENOMEM) when the frame is longer than the
+/// slice it reads into. Frames are pushed in as the socket delivers them; whole messages come out.
+#[derive(Default)]
 pub struct GoConnReader {
-    frames: mpsc::UnboundedReceiver<Vec<u8>>,
-    buf: Vec<u8>,
+    /// bufio's buffer: the last frame read into it, consumed up to `pos`.
+    buffered: Vec<u8>,
     pos: usize,
+    header: [u8; MSG_HEADER],
+    header_len: usize,
+    /// The message whose body is being read.
+    body: Option<PartialMessage>,
 }
 
+struct PartialMessage {
+    stream_id: u32,
+    kind: u8,
+    body: Vec<u8>,
+    len: usize,
+}
+
+/// A whole ttrpc message: `(stream_id, type, body)`.
+pub type WireMessage = (u32, u8, Vec<u8>);
+
 impl GoConnReader {
-    /// A reader over the frames the socket reader routes to this conn.
-    pub fn new(frames: mpsc::UnboundedReceiver<Vec<u8>>) -> Self {
-        GoConnReader {
-            frames,
-            buf: Vec::new(),
-            pos: 0,
-        }
+    /// A reader at the start of the conn.
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    /// Go mux `conn.Read(p)` with `len(p) == cap`: one whole frame, or an error if it does not fit.
-    async fn mux_read(&mut self, cap: usize) -> Result<Vec<u8>, WireError> {
-        let f = self.frames.recv().await.ok_or(WireError::Closed)?;
-        if f.len() > cap {
+    /// Hands `frame` to the next `Read` of the conn and appends the messages it completes to `out`.
+    pub fn push(&mut self, frame: &[u8], out: &mut Vec<WireMessage>) -> Result<(), WireError> {
+        // A push comes only when bufio's buffer is empty (everything before was consumed). The
+        // next Read's slice is then the rest of the body when that is at least a buffer's worth
+        // (bufio passes large reads through), else bufio's own buffer.
+        let direct = self
+            .body
+            .as_ref()
+            .map(|m| m.len - m.body.len())
+            .filter(|r| *r >= GO_BUF);
+        let cap = direct.unwrap_or(GO_BUF);
+        if frame.len() > cap {
             return Err(WireError::FrameTooLong {
-                frame: f.len(),
+                frame: frame.len(),
                 buf: cap,
             });
         }
-        Ok(f)
+        match (direct, self.body.as_mut()) {
+            (Some(_), Some(m)) => m.body.extend_from_slice(frame),
+            _ => {
+                self.buffered.clear();
+                self.buffered.extend_from_slice(frame);
+                self.pos = 0;
+            }
+        }
+        self.consume(out)
     }
 
-    /// `bufio.Reader.Read(p)`.
-    async fn read(&mut self, p: &mut [u8]) -> Result<usize, WireError> {
-        if self.pos < self.buf.len() {
-            let n = p.len().min(self.buf.len() - self.pos);
-            p[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+    /// Moves buffered bytes into the header or body being read, emitting finished messages.
+    fn consume(&mut self, out: &mut Vec<WireMessage>) -> Result<(), WireError> {
+        loop {
+            let avail = &self.buffered[self.pos..];
+            if let Some(m) = self.body.as_mut() {
+                if m.body.len() == m.len {
+                    if let Some(m) = self.body.take() {
+                        out.push((m.stream_id, m.kind, m.body));
+                    }
+                    continue;
+                }
+                if avail.is_empty() {
+                    return Ok(());
+                }
+                let n = (m.len - m.body.len()).min(avail.len());
+                m.body.extend_from_slice(&avail[..n]);
+                self.pos += n;
+                continue;
+            }
+            if avail.is_empty() {
+                return Ok(());
+            }
+            let n = (MSG_HEADER - self.header_len).min(avail.len());
+            self.header[self.header_len..self.header_len + n].copy_from_slice(&avail[..n]);
+            self.header_len += n;
             self.pos += n;
-            return Ok(n);
+            if self.header_len == MSG_HEADER {
+                self.header_len = 0;
+                let h = &self.header;
+                let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                if len > MAX_BODY {
+                    return Err(WireError::MessageTooLarge(len));
+                }
+                self.body = Some(PartialMessage {
+                    stream_id: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+                    kind: h[8],
+                    body: Vec::with_capacity(len),
+                    len,
+                });
+            }
         }
-        if p.len() >= GO_BUF {
-            let f = self.mux_read(p.len()).await?;
-            p[..f.len()].copy_from_slice(&f);
-            return Ok(f.len());
-        }
-        self.buf = self.mux_read(GO_BUF).await?;
-        self.pos = 0;
-        let n = p.len().min(self.buf.len());
-        p[..n].copy_from_slice(&self.buf[..n]);
-        self.pos = n;
-        Ok(n)
-    }
-
-    async fn read_full(&mut self, p: &mut [u8]) -> Result<(), WireError> {
-        let mut done = 0;
-        while done < p.len() {
-            done += self.read(&mut p[done..]).await?;
-        }
-        Ok(())
-    }
-
-    /// Reads one ttrpc message: `(stream_id, type, body)`.
-    pub async fn read_message(&mut self) -> Result<(u32, u8, Vec<u8>), WireError> {
-        let mut h = [0u8; MSG_HEADER];
-        self.read_full(&mut h).await?;
-        let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
-        let sid = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
-        if len > MAX_BODY {
-            return Err(WireError::MessageTooLarge(len));
-        }
-        let mut body = vec![0u8; len];
-        self.read_full(&mut body).await?;
-        Ok((sid, h[8], body))
     }
 }
 
@@ -277,19 +305,28 @@ impl Response {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn go_reader_rejects_a_big_frame_that_is_not_a_body_remainder() {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// Splits socket bytes into `(conn, payload)` frames.
+    fn frames(mut wire: &[u8]) -> Vec<&[u8]> {
+        let mut out = Vec::new();
+        while !wire.is_empty() {
+            let len = u32::from_be_bytes([wire[4], wire[5], wire[6], wire[7]]) as usize;
+            out.push(&wire[8..8 + len]);
+            wire = &wire[8 + len..];
+        }
+        out
+    }
+
+    #[test]
+    fn go_reader_rejects_a_big_frame_that_is_not_a_body_remainder() {
         let body = vec![1u8; 6000];
         // Header and whole body in one 6010-byte frame: Go's bufio asks for 4096 and fails.
         let mut msg = (6000u32).to_be_bytes().to_vec();
         msg.extend_from_slice(&1u32.to_be_bytes());
         msg.extend_from_slice(&[1, 0]);
         msg.extend_from_slice(&body);
-        tx.send(msg).unwrap();
-        let mut r = GoConnReader::new(rx);
+        let mut r = GoConnReader::new();
         assert_eq!(
-            r.read_message().await,
+            r.push(&msg, &mut Vec::new()),
             Err(WireError::FrameTooLong {
                 frame: 6010,
                 buf: 4096
@@ -297,19 +334,39 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn go_reader_accepts_go_style_framing() {
-        let (tx, rx) = mpsc::unbounded_channel();
+    #[test]
+    fn go_reader_accepts_go_style_framing_and_4096_byte_frames() {
         let body: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
-        let wire = frame_message(1, 3, TYPE_REQUEST, &body);
-        let mut rest = &wire[..];
-        while !rest.is_empty() {
-            let len = u32::from_be_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
-            tx.send(rest[8..8 + len].to_vec()).unwrap();
-            rest = &rest[8 + len..];
+        let mut r = GoConnReader::new();
+        let mut got = Vec::new();
+        for f in frames(&frame_message(1, 3, TYPE_REQUEST, &body)) {
+            r.push(f, &mut got).unwrap();
         }
-        let mut r = GoConnReader::new(rx);
-        assert_eq!(r.read_message().await.unwrap(), (3, TYPE_REQUEST, body));
+        assert_eq!(got, vec![(3, TYPE_REQUEST, body.clone())]);
+        // The same message (and a second, empty one) cut into frames of at most 4096 bytes at
+        // arbitrary points, as a plugin that obeys the frame rule writes it.
+        let mut msg = (body.len() as u32).to_be_bytes().to_vec();
+        msg.extend_from_slice(&[0, 0, 0, 5, TYPE_RESPONSE, 0]);
+        msg.extend_from_slice(&body);
+        msg.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 7, TYPE_RESPONSE, 0]);
+        let mut got = Vec::new();
+        for f in msg.chunks(4096) {
+            r.push(f, &mut got).unwrap();
+        }
+        assert_eq!(
+            got,
+            vec![(5, TYPE_RESPONSE, body), (7, TYPE_RESPONSE, Vec::new())]
+        );
+    }
+
+    #[test]
+    fn go_reader_refuses_a_body_over_4_mib() {
+        let mut h = (4u32 * 1024 * 1024 + 1).to_be_bytes().to_vec();
+        h.extend_from_slice(&[0, 0, 0, 1, TYPE_REQUEST, 0]);
+        assert_eq!(
+            GoConnReader::new().push(&h, &mut Vec::new()),
+            Err(WireError::MessageTooLarge(4 * 1024 * 1024 + 1))
+        );
     }
 
     #[test]

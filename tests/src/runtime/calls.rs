@@ -20,7 +20,12 @@ impl FakeRuntime {
     }
 
     fn subscribed(&self, event: Event) -> Result<(), FakeError> {
-        let events = self.plugin().ok_or(FakeError::NoPlugin)?.events;
+        let events = self
+            .current()?
+            .info
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .events;
         let bit = 1u32 << (event as i32 - 1);
         if events == 0 || events & bit != 0 {
             Ok(())
@@ -36,10 +41,15 @@ impl FakeRuntime {
         c: &Container,
     ) -> Result<CreateContainerResponse, FakeError> {
         self.subscribed(Event::CREATE_CONTAINER)?;
-        let mut req = CreateContainerRequest::new();
-        req.pod = MessageField::some(pod.clone());
-        req.container = MessageField::some(c.clone());
-        let resp: CreateContainerResponse = self.call("CreateContainer", &req).await?;
+        let conn = self.current()?;
+        let resp: CreateContainerResponse = self
+            .call_raw(
+                &conn,
+                "CreateContainer",
+                encode_pod_container(pod, c),
+                self.inner.config.request_timeout,
+            )
+            .await?;
         if let Some(adj) = resp.adjust.as_ref() {
             self.state().adjustments.push((c.id.clone(), adj.clone()));
         }
@@ -117,6 +127,18 @@ impl FakeRuntime {
         self.inner.synced.send_modify(|n| *n += 1);
         Ok(())
     }
+}
+
+/// Encodes `{pod = 1, container = 2}`, the shape of CreateContainerRequest and the other
+/// per-container requests, straight from the borrowed messages (no copies of them).
+fn encode_pod_container(pod: &PodSandbox, c: &Container) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1024);
+    out.push(0x0A); // field 1, length-delimited
+    // Encoding into a Vec cannot fail.
+    let _ = pod.write_length_delimited_to_vec(&mut out);
+    out.push(0x12); // field 2, length-delimited
+    let _ = c.write_length_delimited_to_vec(&mut out);
+    out
 }
 
 /// Encodes the Synchronize requests for `pods` and `containers`: one message when it fits the

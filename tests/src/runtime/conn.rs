@@ -1,5 +1,5 @@
-//! The fake runtime's side of one plugin connection: socket reader and writer, the Go-style
-//! conn readers, the runtime service (RegisterPlugin, UpdateContainers), registration with
+//! The fake runtime's side of one plugin connection: the socket reader with the Go-style conn
+//! readers, the runtime service (RegisterPlugin, UpdateContainers), registration with
 //! Configure and Synchronize, and plugin calls with the request timeout.
 
 use std::collections::HashMap;
@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use nri_proto::api::*;
 use nri_proto::protobuf::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 use super::calls::{encode_sync_chunks, nri_mask_for};
+use super::socket::{FrameReader, PluginSocket};
 use super::{
     CODE_DEADLINE_EXCEEDED, CODE_UNIMPLEMENTED, CODE_UNKNOWN, FakeError, FakeRuntime,
     PLUGIN_SERVICE, PluginConn, PluginInfo, RUNTIME_SERVICE,
@@ -23,68 +23,34 @@ use crate::wire::{self, GoConnReader, Request, Response};
 impl FakeRuntime {
     /// Serves one plugin connection.
     pub(super) fn attach(&self, stream: UnixStream) {
+        let sock = match PluginSocket::new(stream) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                self.state()
+                    .errors
+                    .push(format!("cannot serve a plugin socket: {e}"));
+                return;
+            }
+        };
         let (kill, _) = watch::channel(false);
-        let (out, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let conn = Arc::new(PluginConn {
             info: Mutex::new(PluginInfo::default()),
-            out,
+            out: sock.clone(),
             pending: Mutex::new(HashMap::new()),
             next_stream: AtomicU32::new(1),
             kill,
         });
-        let (mut rd, mut wr) = stream.into_split();
-        let (tx1, rx1) = mpsc::unbounded_channel();
-        let (tx2, rx2) = mpsc::unbounded_channel();
         let rt = self.clone();
         let mut killed = conn.kill.subscribe();
         let c = conn.clone();
         tokio::spawn(async move {
-            let writer = async {
-                while let Some(b) = out_rx.recv().await {
-                    if wr.write_all(&b).await.is_err() {
-                        break;
-                    }
-                }
-            };
-            let reader = async {
-                let mut h = [0u8; wire::FRAME_HEADER];
-                loop {
-                    if rd.read_exact(&mut h).await.is_err() {
-                        return "plugin closed the connection".to_string();
-                    }
-                    let id = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
-                    let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
-                    if len > wire::MAX_FRAME {
-                        return format!("frame of {len} bytes over the limit");
-                    }
-                    let mut p = vec![0u8; len];
-                    if rd.read_exact(&mut p).await.is_err() {
-                        return "truncated frame".to_string();
-                    }
-                    {
-                        let mut st = rt.state();
-                        st.max_plugin_frame = st.max_plugin_frame.max(len);
-                    }
-                    let _ = match id {
-                        1 => tx1.send(p),
-                        2 => tx2.send(p),
-                        _ => Ok(()),
-                    };
-                }
-            };
             let why = tokio::select! {
-                _ = writer => "write failed".to_string(),
-                w = reader => w,
+                w = rt.read_plugin(&c, &sock) => w,
                 _ = killed.wait_for(|k| *k) => "dropped by the runtime".to_string(),
             };
+            sock.shutdown();
             rt.lost(&c, &why);
         });
-        let rt = self.clone();
-        let c = conn.clone();
-        tokio::spawn(async move { rt.read_responses(c, GoConnReader::new(rx1)).await });
-        let rt = self.clone();
-        let c = conn.clone();
-        tokio::spawn(async move { rt.serve_runtime(c, GoConnReader::new(rx2)).await });
         // A plugin that has not registered (and been configured) in time is cut off.
         let rt = self.clone();
         let deadline = self.inner.config.registration_timeout;
@@ -116,36 +82,64 @@ impl FakeRuntime {
         }
     }
 
-    async fn read_responses(&self, conn: Arc<PluginConn>, mut rd: GoConnReader) {
+    /// Reads the socket until it closes or fails: responses on conn 1 go to their callers,
+    /// requests on conn 2 to the runtime service. Returns why it stopped.
+    async fn read_plugin(&self, conn: &Arc<PluginConn>, sock: &PluginSocket) -> String {
+        let mut frames = FrameReader::new();
+        let (mut conn1, mut conn2) = (GoConnReader::new(), GoConnReader::new());
+        let mut messages = Vec::new();
+        let mut last_sid = 0u32;
         loop {
-            let msg = rd.read_message().await;
-            let (sid, kind, body) = match msg {
-                Ok(m) => m,
-                Err(e) => {
-                    self.fail(&conn, format!("conn 1: {e}"));
-                    return;
-                }
+            let (id, payload) = match frames.next(sock).await {
+                Ok(Some(f)) => f,
+                Ok(None) => return "plugin closed the connection".into(),
+                Err(why) => return why,
             };
-            if kind != wire::TYPE_RESPONSE {
-                self.fail(&conn, format!("conn 1: unexpected message type {kind}"));
-                return;
+            let (reader, service) = match id {
+                1 => (&mut conn1, 1),
+                2 => (&mut conn2, 2),
+                _ => continue,
+            };
+            if let Err(e) = reader.push(payload, &mut messages) {
+                let why = format!("conn {service}: {e}");
+                self.fail(conn, why.clone());
+                return why;
             }
-            let resp = match Response::decode(&body) {
-                Ok(r) => r,
-                Err(e) => {
-                    self.fail(&conn, format!("conn 1: {e}"));
-                    return;
+            for (sid, kind, body) in messages.drain(..) {
+                let r = if service == 1 {
+                    self.route_response(conn, sid, kind, &body)
+                } else {
+                    self.serve_runtime(conn, &mut last_sid, sid, kind, &body)
+                };
+                if let Err(why) = r {
+                    self.fail(conn, why.clone());
+                    return why;
                 }
-            };
-            let tx = conn
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&sid);
-            if let Some(tx) = tx {
-                let _ = tx.send(resp);
             }
         }
+    }
+
+    /// Hands a plugin-service response to the call waiting for it.
+    fn route_response(
+        &self,
+        conn: &PluginConn,
+        sid: u32,
+        kind: u8,
+        body: &[u8],
+    ) -> Result<(), String> {
+        if kind != wire::TYPE_RESPONSE {
+            return Err(format!("conn 1: unexpected message type {kind}"));
+        }
+        let resp = Response::decode(body).map_err(|e| format!("conn 1: {e}"))?;
+        let tx = conn
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&sid);
+        if let Some(tx) = tx {
+            let _ = tx.send(resp);
+        }
+        Ok(())
     }
 
     fn fail(&self, conn: &Arc<PluginConn>, why: String) {
@@ -156,33 +150,28 @@ impl FakeRuntime {
         self.lost(conn, &why);
     }
 
-    async fn serve_runtime(&self, conn: Arc<PluginConn>, mut rd: GoConnReader) {
-        let mut last_sid = 0u32;
-        loop {
-            let (sid, kind, body) = match rd.read_message().await {
-                Ok(m) => m,
-                Err(e) => return self.fail(&conn, format!("conn 2: {e}")),
-            };
-            if kind != wire::TYPE_REQUEST || sid % 2 == 0 || sid <= last_sid {
-                return self.fail(&conn, format!("conn 2: bad stream id {sid} or type {kind}"));
-            }
-            last_sid = sid;
-            let req = match Request::decode(&body) {
-                Ok(r) => r,
-                Err(e) => return self.fail(&conn, format!("conn 2: {e}")),
-            };
-            let rt = self.clone();
-            let c = conn.clone();
-            tokio::spawn(async move {
-                let resp = rt.handle_runtime_call(&c, req).await;
-                let _ = c.out.send(wire::frame_message(
-                    2,
-                    sid,
-                    wire::TYPE_RESPONSE,
-                    &resp.encode(),
-                ));
-            });
+    /// Starts answering one runtime-service request (RegisterPlugin, UpdateContainers).
+    fn serve_runtime(
+        &self,
+        conn: &Arc<PluginConn>,
+        last_sid: &mut u32,
+        sid: u32,
+        kind: u8,
+        body: &[u8],
+    ) -> Result<(), String> {
+        if kind != wire::TYPE_REQUEST || sid.is_multiple_of(2) || sid <= *last_sid {
+            return Err(format!("conn 2: bad stream id {sid} or type {kind}"));
         }
+        *last_sid = sid;
+        let req = Request::decode(body).map_err(|e| format!("conn 2: {e}"))?;
+        let rt = self.clone();
+        let c = conn.clone();
+        tokio::spawn(async move {
+            let resp = rt.handle_runtime_call(&c, req).await;
+            let bytes = wire::frame_message(2, sid, wire::TYPE_RESPONSE, &resp.encode());
+            let _ = c.out.write_all(&bytes).await;
+        });
+        Ok(())
     }
 
     async fn handle_runtime_call(&self, conn: &Arc<PluginConn>, req: Request) -> Response {
@@ -331,7 +320,7 @@ impl FakeRuntime {
         self.call_raw(conn, method, payload, timeout).await
     }
 
-    async fn call_raw<A: Message>(
+    pub(super) async fn call_raw<A: Message>(
         &self,
         conn: &Arc<PluginConn>,
         method: &str,
@@ -358,7 +347,8 @@ impl FakeRuntime {
             .unwrap_or_else(|e| e.into_inner())
             .insert(sid, tx);
         conn.out
-            .send(wire::frame_message(1, sid, wire::TYPE_REQUEST, &body))
+            .write_all(&wire::frame_message(1, sid, wire::TYPE_REQUEST, &body))
+            .await
             .map_err(|_| FakeError::Wire("connection closed".into()))?;
         let resp = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(r)) => r,
