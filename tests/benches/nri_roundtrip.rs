@@ -9,11 +9,6 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5000);
     let dir = tempfile::tempdir().expect("temp dir");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
     let plugin = std::path::Path::new(env!("CARGO_BIN_EXE_nri-test-plugin"));
-    runtime.block_on(fake_runtime::bench::run(plugin, dir.path(), iters));
+    fake_runtime::bench::main(plugin, dir.path(), iters).expect("benchmark");
 }

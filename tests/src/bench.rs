@@ -5,7 +5,11 @@
 //!    between this process and a child process.
 //! 2. CreateContainer round trip: fake runtime (this process) -> mux -> ttrpc -> plugin stub (the
 //!    child `nri-test-plugin`) -> back, with 1,000 containers known to the runtime.
+//!
 //! 3. Synchronize of 10,000 containers end to end (paged past 4 MiB).
+//!
+//! 1 and 2 are sampled in alternating blocks of [`BLOCK`] so both see the same machine, and each
+//! side's CPU time per round trip is reported with them.
 #![allow(clippy::print_stdout)]
 
 use std::path::Path;
@@ -33,31 +37,116 @@ fn report(name: &str, v: &mut [Duration]) -> (Duration, Duration) {
     (p50, p99)
 }
 
-async fn floor(plugin: &Path, dir: &Path, size: usize, iters: usize) -> Vec<Duration> {
-    let path = dir.join("echo.sock");
-    let listener = tokio::net::UnixListener::bind(&path).expect("bind echo socket");
-    let mut child = tokio::process::Command::new(plugin)
-        .arg("--echo")
-        .arg(&path)
-        .arg(size.to_string())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn echo child");
-    let (mut s, _) = listener.accept().await.expect("accept echo child");
-    let msg = vec![0x5au8; size];
-    let mut back = vec![0u8; size];
-    let mut times = Vec::with_capacity(iters);
-    for i in 0..iters + iters / 10 {
-        let t = Instant::now();
-        s.write_all(&msg).await.expect("ping");
-        s.read_exact(&mut back).await.expect("pong");
-        if i >= iters / 10 {
-            times.push(t.elapsed());
+/// The floor's peer: a child process that echoes `size`-byte messages over a unix socket.
+struct Echo {
+    stream: tokio::net::UnixStream,
+    child: tokio::process::Child,
+    msg: Vec<u8>,
+    back: Vec<u8>,
+}
+
+impl Echo {
+    async fn start(plugin: &Path, dir: &Path, size: usize) -> Echo {
+        let path = dir.join("echo.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind echo socket");
+        let child = tokio::process::Command::new(plugin)
+            .arg("--echo")
+            .arg(&path)
+            .arg(size.to_string())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn echo child");
+        let (stream, _) = listener.accept().await.expect("accept echo child");
+        Echo {
+            stream,
+            child,
+            msg: vec![0x5au8; size],
+            back: vec![0u8; size],
         }
     }
-    drop(s);
-    let _ = child.wait().await;
-    times
+
+    async fn ping(&mut self) {
+        self.stream.write_all(&self.msg).await.expect("ping");
+        self.stream.read_exact(&mut self.back).await.expect("pong");
+    }
+
+    async fn stop(mut self) {
+        drop(self.stream);
+        let _ = self.child.wait().await;
+    }
+}
+
+/// Time on CPU of every thread of process `pid` so far (`/proc/<pid>/task/*/schedstat`), or zero
+/// where the kernel does not report it.
+fn cpu_time(pid: u32) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
+}
+
+/// CPU time spent by this process and by `peer` while `f` runs.
+struct CpuMeter {
+    peer: u32,
+    ours: Duration,
+    theirs: Duration,
+}
+
+impl CpuMeter {
+    fn new(peer: u32) -> CpuMeter {
+        CpuMeter {
+            peer,
+            ours: Duration::ZERO,
+            theirs: Duration::ZERO,
+        }
+    }
+
+    async fn measure<T>(&mut self, f: impl std::future::Future<Output = T>) -> T {
+        let (a, b) = (cpu_time(std::process::id()), cpu_time(self.peer));
+        let out = f.await;
+        self.ours += cpu_time(std::process::id()).saturating_sub(a);
+        self.theirs += cpu_time(self.peer).saturating_sub(b);
+        out
+    }
+
+    fn per(&self, n: usize) -> (Duration, Duration) {
+        let n = n.max(1) as u32;
+        (self.ours / n, self.theirs / n)
+    }
+}
+
+/// Samples taken in alternating blocks, so that the floor and the round trip see the same
+/// machine (on a shared VM the floor alone moves by half between minutes).
+const BLOCK: usize = 100;
+
+/// Runs [`run`] on the fake runtime's scheduler: `NRI_BENCH_THREADS` workers (default 2; 0 runs
+/// it on a current-thread scheduler). Sockets go under a fresh directory in `dir`.
+pub fn main(plugin: &Path, dir: &Path, iters: usize) -> Result<(), String> {
+    let threads: usize = std::env::var("NRI_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let mut builder = if threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    let runtime = builder
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let dir = dir.join(format!("nri-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    runtime.block_on(run(plugin, &dir, iters));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
 }
 
 /// Runs the benchmark with `plugin` (the `nri-test-plugin` binary) as the plugin process,
@@ -85,20 +174,47 @@ pub async fn run(plugin: &Path, dir: &Path, iters: usize) {
     req.container = MessageField::some(ctr.clone());
     // ttrpc body ~ payload + service/method names; plus 10-byte ttrpc and 8-byte frame headers.
     let size = req.compute_size() as usize + 70 + 18;
+    let mut echo = Echo::start(plugin, dir, size).await;
 
-    let mut fl = floor(plugin, dir, size, iters).await;
-    let (f50, f99) = report(&format!("floor: unix ping-pong {size} B"), &mut fl);
-
-    let mut times = Vec::with_capacity(iters);
-    for i in 0..iters + iters / 10 {
-        let t = Instant::now();
-        rt.create_container(&pd, &ctr)
-            .await
-            .expect("CreateContainer");
-        if i >= iters / 10 {
-            times.push(t.elapsed());
-        }
+    let (mut fl, mut times) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+    let mut echo_cpu = CpuMeter::new(echo.child.id().unwrap_or(0));
+    let mut plugin_cpu = CpuMeter::new(child.id().unwrap_or(0));
+    let warm = iters / 10;
+    for i in 0..(iters + warm).div_ceil(BLOCK) {
+        let keep = i * BLOCK >= warm;
+        echo_cpu
+            .measure(async {
+                for _ in 0..BLOCK {
+                    let t = Instant::now();
+                    echo.ping().await;
+                    if keep {
+                        fl.push(t.elapsed());
+                    }
+                }
+            })
+            .await;
+        plugin_cpu
+            .measure(async {
+                for _ in 0..BLOCK {
+                    let t = Instant::now();
+                    rt.create_container(&pd, &ctr)
+                        .await
+                        .expect("CreateContainer");
+                    if keep {
+                        times.push(t.elapsed());
+                    }
+                }
+            })
+            .await;
     }
+    let rounds = (iters + warm).div_ceil(BLOCK) * BLOCK;
+    let (fa, fb) = echo_cpu.per(rounds);
+    let (ca, cb) = plugin_cpu.per(rounds);
+    println!(
+        "CPU per round trip: floor {fa:.1?} here + {fb:.1?} echo; CreateContainer {ca:.1?} fake runtime + {cb:.1?} plugin"
+    );
+    echo.stop().await;
+    let (f50, f99) = report(&format!("floor: unix ping-pong {size} B"), &mut fl);
     let (c50, c99) = report("CreateContainer round trip (1,000 known)", &mut times);
     println!(
         "ratio to floor: p50 {:.2}x, p99 {:.2}x",

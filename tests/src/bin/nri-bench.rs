@@ -8,32 +8,11 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(5000);
-    let exe = std::env::current_exe().unwrap_or_default();
-    let plugin = exe.with_file_name("nri-test-plugin");
-    let dir = std::env::temp_dir().join(format!("nri-bench-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        eprintln!("nri-bench: cannot create {}: {e}", dir.display());
+    let plugin = std::env::current_exe()
+        .unwrap_or_default()
+        .with_file_name("nri-test-plugin");
+    if let Err(e) = fake_runtime::bench::main(&plugin, &std::env::temp_dir(), iters) {
+        eprintln!("nri-bench: {e}");
         std::process::exit(1);
     }
-    // NRI_BENCH_THREADS=0 runs the fake runtime on a current-thread scheduler.
-    let threads: usize = std::env::var("NRI_BENCH_THREADS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
-    let mut builder = if threads == 0 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(threads);
-        b
-    };
-    let runtime = match builder.enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("nri-bench: tokio runtime: {e}");
-            std::process::exit(1);
-        }
-    };
-    runtime.block_on(fake_runtime::bench::run(&plugin, &dir, iters));
-    let _ = std::fs::remove_dir_all(&dir);
 }
