@@ -132,9 +132,15 @@ impl Spec {
             reason,
         };
         match format {
-            SpecFormat::Yaml => serde_saphyr::to_string(self)
-                .map(String::into_bytes)
-                .map_err(|e| enc(e.to_string())),
+            // No block scalars: a value such as "\t\n" written as a `|` block is a tab where the
+            // official parser wants indentation, and it refuses the whole spec. Quoted strings
+            // with escapes read back the same in every YAML parser.
+            SpecFormat::Yaml => serde_saphyr::to_string_with_options(
+                self,
+                serde_saphyr::ser_options! { prefer_block_scalars: false },
+            )
+            .map(String::into_bytes)
+            .map_err(|e| enc(e.to_string())),
             SpecFormat::Json => serde_json::to_string_pretty(self)
                 .map(|json| yaml_safe_json(&json).into_bytes())
                 .map_err(|e| enc(e.to_string())),

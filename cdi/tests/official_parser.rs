@@ -151,6 +151,39 @@ fn yaml_edge_strings_survive_the_official_parser() {
     }
 }
 
+/// Found by the property test below: a mount option of "\t\n" written as a `|` block scalar put
+/// a tab where the official parser wants indentation, and it refused the whole spec.
+#[test]
+fn values_made_of_whitespace_and_newlines_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    for value in ["\t\n", "\tx\ny", " \n", "x\n\n", "\n", "\t"] {
+        let s = store(dir.path(), SpecFormat::Yaml);
+        let edits = DeviceEdits {
+            mounts: vec![Mount {
+                host_path: "/h".into(),
+                container_path: "/c".into(),
+                options: vec![value.into()],
+                kind: None,
+            }],
+            ..Default::default()
+        };
+        s.write(UID, &[edits]).unwrap();
+        let spec = container_device_interface::spec::read_spec(&s.spec_path(UID).unwrap(), 1)
+            .unwrap_or_else(|e| panic!("{value:?}: {e:#}"));
+        let ce = spec
+            .get_device(&format!("claim-{UID}-0"))
+            .unwrap()
+            .edits()
+            .container_edits;
+        let oci = ce.mounts.unwrap()[0].to_oci().unwrap();
+        assert_eq!(
+            oci.options().clone(),
+            Some(vec![value.to_string()]),
+            "{value:?}"
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
