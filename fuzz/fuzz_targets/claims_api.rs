@@ -67,8 +67,8 @@ impl ClaimService for FakeEngine {
             devices: vec![device("a1")],
         }]
     }
-    async fn status(&self) -> serde_json::Value {
-        serde_json::json!({ "devices": 1 })
+    async fn status(&self, gate_open: bool) -> String {
+        format!(r#"{{"devices": 1, "gate": {{"open": {gate_open}}}}}"#)
     }
 }
 

@@ -87,8 +87,9 @@ impl ClaimService for FakeEngine {
         }]
     }
 
-    async fn status(&self) -> serde_json::Value {
-        serde_json::json!({ "devices": [{ "name": "gpu-0" }], "gate": "overwritten by the API" })
+    async fn status(&self, gate_open: bool) -> String {
+        serde_json::json!({ "devices": [{ "name": "gpu-0" }], "gate": { "open": gate_open } })
+            .to_string()
     }
 }
 

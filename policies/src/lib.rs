@@ -36,7 +36,7 @@ pub use edits::{Adjustment, ContainerEdits, ContainerUpdate, Hook, Mount};
 pub use exclusive::exclusive;
 pub use node::Node;
 pub use policy::{
-    DeviceSnapshot, HeldUnit, Near, Policy, PoolRequest, PoolSnapshot, PublishedDevice,
+    DeviceSnapshot, HeldUnit, Near, Policy, PoolRequest, PoolSnapshot, PoolUsage, PublishedDevice,
     PublishedKind,
 };
 pub use pool::{DeviceSelector, FamilyConfig, FamilyKind, PoolConfig, ProfileConfig};

@@ -92,6 +92,38 @@ pub struct PoolSnapshot {
     pub devices: Vec<DeviceSnapshot>,
 }
 
+/// Units and devices of a pool, offered and held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolUsage {
+    /// Units the pool's devices offer.
+    pub units_total: u64,
+    /// Units held.
+    pub units_used: u64,
+    /// Devices in the pool.
+    pub devices: u64,
+    /// Devices with at least one unit held.
+    pub devices_used: u64,
+}
+
+impl PoolUsage {
+    /// Adds one device of `total` units with `used` held.
+    pub fn add(&mut self, total: u32, used: u32) {
+        self.units_total += u64::from(total);
+        self.units_used += u64::from(used);
+        self.devices += 1;
+        self.devices_used += u64::from(used > 0);
+    }
+
+    /// The usage a snapshot shows.
+    pub fn of(snapshot: &PoolSnapshot) -> PoolUsage {
+        let mut u = PoolUsage::default();
+        for d in &snapshot.devices {
+            u.add(d.units_total, d.units_used);
+        }
+        u
+    }
+}
+
 /// Status of one device of a pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceSnapshot {
@@ -158,6 +190,13 @@ pub trait Policy: Send {
 
     /// Status of the pool.
     fn snapshot(&self) -> PoolSnapshot;
+
+    /// How much of the pool is held, without who holds it: the metrics read this every few
+    /// seconds, so it should not copy per-claim state. The default derives it from
+    /// [`Policy::snapshot`].
+    fn usage(&self) -> PoolUsage {
+        PoolUsage::of(&self.snapshot())
+    }
 
     /// The names a DRA driver publishes for this pool, sorted by name.
     fn published(&self) -> Vec<PublishedDevice>;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::node::Node;
-use crate::{ClaimUid, CpuSet, PoolSnapshot};
+use crate::{ClaimUid, CpuSet, PoolSnapshot, PoolUsage};
 
 /// Everything `status` shows about allocation: per pool and device, units
 /// total/used and who holds them; unpooled devices; the CPU pools.
@@ -24,6 +24,14 @@ pub struct Snapshot {
 }
 
 impl Node {
+    /// Each pool's name and usage, in config order: the cheap part of [`Node::snapshot`].
+    pub fn usage(&self) -> Vec<(&str, PoolUsage)> {
+        self.pools
+            .iter()
+            .map(|p| (p.config.name.as_str(), p.policy.usage()))
+            .collect()
+    }
+
     /// The node's status.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use crate::naming::{device_name, pci_distance, pci_root};
 use crate::{
     ClaimUid, ContainerEdits, Device, DeviceSelector, DeviceSnapshot, FamilyKind, Grant, HeldUnit,
-    Near, Policy, PolicyError, PoolRequest, PoolSnapshot, PublishedDevice, PublishedKind, Refusal,
-    RefusalReason, Unit,
+    Near, Policy, PolicyError, PoolRequest, PoolSnapshot, PoolUsage, PublishedDevice,
+    PublishedKind, Refusal, RefusalReason, Unit,
 };
 
 /// What one result of a count request takes from a device.
@@ -543,6 +543,14 @@ impl<M: UnitModel> Policy for UnitPolicy<M> {
                 })
                 .collect(),
         }
+    }
+
+    fn usage(&self) -> PoolUsage {
+        let mut u = PoolUsage::default();
+        for i in 0..self.devices.len() {
+            u.add(self.model.total(i), self.model.used(i));
+        }
+        u
     }
 
     fn published(&self) -> Vec<PublishedDevice> {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use common::*;
 use policies::{
     Allocation, Ask, ClaimRequest, CountRequest, CpuSet, Device, FamilyConfig, FamilyKind,
-    Inventory, NamedResult, Node, PoolConfig, Registry, Snapshot, Unit,
+    Inventory, NamedResult, Node, PoolConfig, PoolUsage, Registry, Snapshot, Unit,
 };
 use proptest::prelude::*;
 
@@ -211,6 +211,18 @@ fn check(w: &World, n: &Node, model: &BTreeMap<String, CpuSet>) -> Result<(), Te
     let snap = n.snapshot();
     let allocs: Vec<Allocation> = n.allocations().cloned().collect();
     occupancy(&snap, &allocs)?;
+    // The cheap usage the metrics read agrees with the full snapshot.
+    let usage: Vec<(String, PoolUsage)> = n
+        .usage()
+        .into_iter()
+        .map(|(p, u)| (p.to_string(), u))
+        .collect();
+    let from_snapshot: Vec<(String, PoolUsage)> = snap
+        .pools
+        .iter()
+        .map(|p| (p.name.clone(), PoolUsage::of(p)))
+        .collect();
+    prop_assert_eq!(usage, from_snapshot);
     // CPUs: exclusive sets disjoint, and the shared pool is exactly what is left.
     let mut given = CpuSet::new();
     for a in &allocs {

@@ -265,6 +265,11 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
         self.read_state().records.len()
     }
 
+    /// The number of pending container updates.
+    pub fn pending_count(&self) -> usize {
+        self.read_state().pending.len()
+    }
+
     /// The pending container updates, by container id.
     pub fn pending(&self) -> BTreeMap<String, U> {
         self.read_state().pending.clone()

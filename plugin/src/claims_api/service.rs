@@ -190,13 +190,10 @@ impl<S: ClaimService> claims_ttrpc::Claims for ClaimsHandler<S> {
         _req: pb::StatusRequest,
     ) -> ttrpc::Result<pb::StatusResponse> {
         let engine = Arc::clone(&self.engine);
-        let mut doc = run_engine(async move { engine.status().await }).await?;
         let gate_open = self.gate.is_open();
-        if let serde_json::Value::Object(map) = &mut doc {
-            map.insert("gate".to_string(), serde_json::json!({ "open": gate_open }));
-        }
+        let json = run_engine(async move { engine.status(gate_open).await }).await?;
         Ok(pb::StatusResponse {
-            json: doc.to_string(),
+            json,
             gate_open,
             ..Default::default()
         })

@@ -163,6 +163,8 @@ pub trait ClaimService: Send + Sync + 'static {
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults;
     /// The claims held now.
     async fn list(&self) -> Vec<ClaimInfo>;
-    /// The status document `nri-accel status --json` prints (the API adds the gate).
-    async fn status(&self) -> serde_json::Value;
+    /// The status document `nri-accel status --json` prints, as JSON text: an object whose
+    /// `gate` member is `{"open": gate_open}` (the gate as the API sees it). Text rather than a
+    /// `serde_json::Value` so a document of megabytes is never held as a tree.
+    async fn status(&self, gate_open: bool) -> String;
 }

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use policies::{ContainerUpdate, CpuSet, DeviceNode};
-use serde_json::json;
 
 use super::annotations;
 use super::containers::{ContainerMap, ContainerView, claim_of_cdi_name};
@@ -276,30 +275,15 @@ impl Agent {
             .collect()
     }
 
-    /// The `status` document: devices, claims, containers and pending updates.
-    pub fn status(&self, gate_open: bool) -> serde_json::Value {
-        let claims: Vec<serde_json::Value> = self
-            .engine
-            .claims()
-            .into_iter()
-            .map(|(a, origin)| {
-                json!({
-                    "uid": a.claim_uid,
-                    "namespace": a.namespace,
-                    "name": a.name,
-                    "origin": origin,
-                    "results": a.results,
-                    "cpus": a.cpus.to_string(),
-                    "containers": self.containers().holders(&a.claim_uid),
-                })
-            })
-            .collect();
-        json!({
-            "gate": if gate_open { "open" } else { "closed" },
-            "policy": self.engine.snapshot(),
-            "claims": claims,
-            "containers": self.container_claims(),
-            "pending_updates": self.engine.pending_updates(),
-        })
+    /// The `status` document as JSON text (see [`super::status`]), with the gate as given.
+    pub fn status(&self, gate_open: bool) -> String {
+        let parts = super::status::StatusParts {
+            gate_open,
+            policy: self.engine.snapshot(),
+            containers: self.container_claims(),
+            pending_updates: self.engine.pending_updates(),
+        };
+        self.engine
+            .with_claims(|claims| super::status::render(&parts, claims))
     }
 }

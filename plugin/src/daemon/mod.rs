@@ -9,6 +9,7 @@ pub use containers::{ContainerView, claim_of_cdi_name};
 pub mod nri;
 pub mod run;
 pub mod service;
+pub mod status;
 
 pub use nri::NriPlugin;
 pub use run::{Daemon, DaemonError, DaemonOptions};

@@ -204,11 +204,7 @@ impl Daemon {
                 ..Limits::default()
             },
         };
-        let facade = Arc::new(ClaimsFacade::new(
-            agent.clone(),
-            gate.clone(),
-            metrics.clone(),
-        ));
+        let facade = Arc::new(ClaimsFacade::new(agent.clone(), metrics.clone()));
         let claims =
             ClaimsServer::bind(&config.claims_api.socket, facade, gate.clone(), server_opts)
                 .await?;
@@ -411,33 +407,22 @@ async fn retry_pending(engine: Arc<Engine>) {
     }
 }
 
-/// Sets the gauges from the engine's current state.
+/// Sets the gauges from the engine's current state (every 2 s: it copies none of the claims).
 pub fn refresh_gauges(agent: &Agent, metrics: &Metrics) {
     let engine = agent.engine();
-    let claims = engine.claims();
-    let adopted = claims
-        .iter()
-        .filter(|(_, o)| matches!(o, crate::engine::Origin::Adopted { .. }))
-        .count() as u64;
-    metrics.set_claims(
-        crate::metrics::ClaimState::Prepared,
-        claims.len() as u64 - adopted,
-    );
+    let (claims, adopted) = engine.with_claims(|claims| {
+        claims.fold((0u64, 0u64), |(n, adopted), (_, origin)| {
+            let a = matches!(origin, crate::engine::Origin::Adopted { .. });
+            (n + 1, adopted + u64::from(a))
+        })
+    });
+    metrics.set_claims(crate::metrics::ClaimState::Prepared, claims - adopted);
     metrics.set_claims(crate::metrics::ClaimState::Adopted, adopted);
-    let snapshot = engine.snapshot();
-    for pool in &snapshot.pools {
-        let (mut total, mut used, mut devices_used) = (0u64, 0u64, 0u64);
-        for d in &pool.devices {
-            total += u64::from(d.units_total);
-            used += u64::from(d.units_used);
-            devices_used += u64::from(d.units_used > 0);
+    engine.with_node(|node| {
+        for (pool, u) in node.usage() {
+            metrics.set_pool_units(pool, u.units_total - u.units_used, u.units_used);
+            metrics.set_pool_devices(pool, u.devices - u.devices_used, u.devices_used);
         }
-        metrics.set_pool_units(&pool.name, total - used, used);
-        metrics.set_pool_devices(
-            &pool.name,
-            pool.devices.len() as u64 - devices_used,
-            devices_used,
-        );
-    }
+    });
     metrics.set_pending_updates(engine.pending_updates() as u64);
 }

@@ -12,24 +12,18 @@ use crate::claims_api::{
     PreparedDevice, UnprepareResults,
 };
 use crate::engine::Origin;
-use crate::gate::Gate;
 use crate::metrics::{Metrics, Outcome};
 
 /// Serves the claims API from the engine.
 pub struct ClaimsFacade {
     agent: Arc<Agent>,
-    gate: Gate,
     metrics: Arc<Metrics>,
 }
 
 impl ClaimsFacade {
-    /// A facade over `agent`; `gate` is only reported in status (the API enforces it).
-    pub fn new(agent: Arc<Agent>, gate: Gate, metrics: Arc<Metrics>) -> Self {
-        ClaimsFacade {
-            agent,
-            gate,
-            metrics,
-        }
+    /// A facade over `agent` (the API enforces the gate and tells status about it).
+    pub fn new(agent: Arc<Agent>, metrics: Arc<Metrics>) -> Self {
+        ClaimsFacade { agent, metrics }
     }
 }
 
@@ -168,7 +162,7 @@ impl ClaimService for ClaimsFacade {
             .collect()
     }
 
-    async fn status(&self) -> serde_json::Value {
-        self.agent.status(self.gate.is_open())
+    async fn status(&self, gate_open: bool) -> String {
+        self.agent.status(gate_open)
     }
 }

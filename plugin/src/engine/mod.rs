@@ -558,6 +558,21 @@ impl Engine {
             .collect()
     }
 
+    /// Runs `f` over the committed claims and their origins without copying them; the engine
+    /// waits while `f` runs, so keep it to reading (the status document).
+    pub fn with_claims<T>(
+        &self,
+        f: impl for<'a> FnOnce(&mut dyn Iterator<Item = (&'a Allocation, &'a Origin)>) -> T,
+    ) -> T {
+        let st = self.state();
+        let default = Origin::default();
+        let mut it = st.node.allocations().map(|a| {
+            let origin = st.origins.get(&a.claim_uid).unwrap_or(&default);
+            (a, origin)
+        });
+        f(&mut it)
+    }
+
     /// The policy's view for `status`.
     pub fn snapshot(&self) -> policies::Snapshot {
         self.state().node.snapshot()
@@ -570,7 +585,7 @@ impl Engine {
 
     /// Number of container updates waiting to reach the runtime.
     pub fn pending_updates(&self) -> usize {
-        self.journal.pending().len()
+        self.journal.pending_count()
     }
 
     /// The spec store's CDI device IDs for a claim, for mapping containers back to claims.
