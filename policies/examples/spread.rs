@@ -354,7 +354,7 @@ fn main() {
     };
     match node.allocate(&claim) {
         Ok(out) => {
-            for g in out.allocation.results {
+            for g in &out.allocation.results {
                 println!("{} -> {} ({})", g.request, g.device, g.device_id);
             }
         }

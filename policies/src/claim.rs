@@ -123,8 +123,9 @@ pub enum Unit {
 /// The answer to an allocation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    /// The allocation (new, or the one already held for this UID).
-    pub allocation: Allocation,
+    /// The allocation (new, or the one already held for this UID), shared with the node: keep
+    /// the `Arc` in a record rather than copying it.
+    pub allocation: std::sync::Arc<Allocation>,
     /// Cpuset updates for other containers (the engine commits and pushes them).
     pub updates: Vec<crate::ContainerUpdate>,
     /// Whether the claim was already allocated (idempotent repeat): nothing changed.

@@ -3,6 +3,7 @@
 //! The claim engine talks only to [`Node`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::naming::pci_root;
 use crate::{
@@ -38,7 +39,8 @@ pub struct Node {
     pub(crate) unpooled: Vec<String>,
     pub(crate) by_node: BTreeMap<(u32, u32), usize>,
     pub(crate) numa_cpus: BTreeMap<u32, CpuSet>,
-    pub(crate) claims: BTreeMap<ClaimUid, Allocation>,
+    /// Each claim's allocation, shared (not copied) with whoever keeps the record of it.
+    pub(crate) claims: BTreeMap<ClaimUid, Arc<Allocation>>,
     pub(crate) shared: CpuSet,
     pub(crate) containers: BTreeMap<String, Container>,
     /// Claim -> the containers using it, so a claim that moves no CPU only
@@ -166,13 +168,13 @@ impl Node {
             }
         };
         self.shared = self.shared.difference(&cpus);
-        let allocation = Allocation {
+        let allocation = Arc::new(Allocation {
             claim_uid: req.uid.clone(),
             namespace: req.namespace.clone(),
             name: req.name.clone(),
             results: grants,
             cpus,
-        };
+        });
         self.claims.insert(req.uid.clone(), allocation.clone());
         let updates = if allocation.cpus.is_empty() {
             self.refresh_users_of(&req.uid)
@@ -415,12 +417,12 @@ impl Node {
 
     /// The allocation of a claim.
     pub fn allocation(&self, uid: &str) -> Option<&Allocation> {
-        self.claims.get(uid)
+        self.claims.get(uid).map(|a| &**a)
     }
 
     /// Every allocation, by claim UID (the records to checkpoint).
     pub fn allocations(&self) -> impl Iterator<Item = &Allocation> {
-        self.claims.values()
+        self.claims.values().map(|a| &**a)
     }
 
     /// The container edits of each result of a claim, in result order (one CDI device each).
@@ -478,17 +480,17 @@ impl Node {
             ));
         };
         let grant = self.pools[p].policy.adopt(uid, device_id)?;
-        let a = self
-            .claims
-            .entry(uid.to_string())
-            .or_insert_with(|| Allocation {
+        let a = self.claims.entry(uid.to_string()).or_insert_with(|| {
+            Arc::new(Allocation {
                 claim_uid: uid.to_string(),
                 namespace: String::new(),
                 name: "adopted".to_string(),
                 results: Vec::new(),
                 cpus: CpuSet::new(),
-            });
-        a.results.push(grant);
+            })
+        });
+        // Copied on write if a record still shares the allocation as it was.
+        Arc::make_mut(a).results.push(grant);
         let allocation = a.clone();
         Ok(Outcome {
             allocation,

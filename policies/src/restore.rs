@@ -1,6 +1,7 @@
 //! Restoring the node from committed records (startup, or a replayed checkpoint).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::node::Node;
 use crate::{Allocation, ClaimUid, Grant, PolicyError};
@@ -12,7 +13,14 @@ impl Node {
     /// another record, is an error naming the claim and the device; the node
     /// then keeps what it held before.
     pub fn restore(&mut self, records: &[Allocation]) -> Result<(), PolicyError> {
-        let previous: Vec<Allocation> = self.claims.values().cloned().collect();
+        let shared: Vec<Arc<Allocation>> = records.iter().cloned().map(Arc::new).collect();
+        self.restore_shared(&shared)
+    }
+
+    /// [`Node::restore`] from records held elsewhere too (the checkpoint's): the node keeps the
+    /// same allocations instead of copies.
+    pub fn restore_shared(&mut self, records: &[Arc<Allocation>]) -> Result<(), PolicyError> {
+        let previous: Vec<Arc<Allocation>> = self.claims.values().cloned().collect();
         match self.restore_inner(records) {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -23,7 +31,7 @@ impl Node {
         }
     }
 
-    fn restore_inner(&mut self, records: &[Allocation]) -> Result<(), PolicyError> {
+    fn restore_inner(&mut self, records: &[Arc<Allocation>]) -> Result<(), PolicyError> {
         let mut per_pool: Vec<Vec<(ClaimUid, Grant)>> = vec![Vec::new(); self.pools.len()];
         let mut claims = BTreeMap::new();
         let mut shared = self.inventory.cpus.clone();

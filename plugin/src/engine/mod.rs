@@ -138,8 +138,8 @@ impl Engine {
             tracing::warn!(claim = %uid, "removed an orphan CDI spec (spec without record)");
         }
         let kept: Vec<&ClaimRecord> = plan.restore.iter().filter_map(|u| records.get(u)).collect();
-        let allocations: Vec<Allocation> = kept.iter().map(|r| r.allocation.clone()).collect();
-        node.restore(&allocations)
+        let allocations: Vec<Arc<Allocation>> = kept.iter().map(|r| r.allocation.clone()).collect();
+        node.restore_shared(&allocations)
             .map_err(|e| EngineError::Restore(e.to_string()))?;
         let origins = plan
             .restore

@@ -1,5 +1,7 @@
 //! What the checkpoint holds per claim and per container.
 
+use std::sync::Arc;
+
 use policies::{Allocation, ContainerUpdate};
 use serde::{Deserialize, Serialize};
 
@@ -7,8 +9,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRecord {
-    /// What the policy allocated; replayed into the policy at startup.
-    pub allocation: Allocation,
+    /// What the policy allocated; replayed into the policy at startup. Shared with the policy's
+    /// own copy while the daemon runs (one allocation in memory per claim, not two).
+    pub allocation: Arc<Allocation>,
     /// Who asked for the claim.
     #[serde(default)]
     pub origin: Origin,
