@@ -1,4 +1,5 @@
 //! nri-accel library: the parts the binary wires together.
+pub mod allocator;
 pub mod bootid;
 pub mod checkpoint;
 pub mod claims_api;

@@ -7,6 +7,7 @@ use nri_accel::cli::{Cli, Command, dispatch};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    nri_accel::allocator::return_large_buffers();
     let cli = Cli::parse();
     let default = match cli.command {
         Command::Run => "info",
