@@ -68,18 +68,22 @@ impl FakeRuntime {
         });
     }
 
+    /// Drops `conn`; the first reason given for a current plugin is the one recorded. The reason
+    /// is recorded before the socket task is told, since that task reports a loss of its own.
     pub(super) fn lost(&self, conn: &Arc<PluginConn>, why: &str) {
-        conn.kill.send_replace(true);
-        conn.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
         let mut cur = self.inner.plugin.lock().unwrap_or_else(|e| e.into_inner());
         if cur.as_ref().is_some_and(|p| Arc::ptr_eq(p, conn)) {
             *cur = None;
             drop(cur);
             self.state().errors.push(why.to_string());
+        } else {
+            drop(cur);
         }
+        conn.kill.send_replace(true);
+        conn.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// Reads the socket until it closes or fails: responses on conn 1 go to their callers,
