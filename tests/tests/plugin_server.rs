@@ -16,7 +16,7 @@ use fake_runtime::wire::{self, Request, Response};
 use nri_proto::api::*;
 use nri_proto::{EventMask, Plugin, PluginError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tokio::sync::Notify;
 
 const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
@@ -65,10 +65,7 @@ async fn a_request_in_flight_does_not_hold_up_the_next_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nri.sock");
     let rt = FakeRuntime::start(&path).await.unwrap();
-    let plugin = Arc::new(Gated::default());
-    let stub = stub(&path);
-    let (s, p) = (stub.clone(), plugin.clone());
-    let task = tokio::spawn(async move { s.connect_once(p).await });
+    let (stub, task) = spawn_stub(&path, Arc::new(Gated::default()));
     rt.wait_synchronized(1, HANG_GUARD).await.unwrap();
 
     // UpdateContainer goes first and can only finish once the CreateContainer sent after it has
@@ -84,13 +81,7 @@ async fn a_request_in_flight_does_not_hold_up_the_next_one() {
     u.expect("UpdateContainer answered");
     c.expect("CreateContainer answered");
     assert!(rt.errors().is_empty(), "{:?}", rt.errors());
-
-    stub.close();
-    tokio::time::timeout(HANG_GUARD, task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    close_and_join(&stub, task).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,9 +96,7 @@ async fn a_handler_running_when_the_runtime_goes_away_is_let_finish() {
         create_delay: Some(Duration::from_millis(300)),
         ..Gated::default()
     });
-    let stub = stub(&path);
-    let (s, p) = (stub.clone(), plugin.clone());
-    let task = tokio::spawn(async move { s.connect_once(p).await });
+    let (stub, task) = spawn_stub(&path, plugin.clone());
     rt.wait_synchronized(1, HANG_GUARD).await.unwrap();
 
     let pd = pod(0);
@@ -120,11 +109,7 @@ async fn a_handler_running_when_the_runtime_goes_away_is_let_finish() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     rt.stop().await;
     assert!(call.await.unwrap().is_err(), "the runtime gets no answer");
-    tokio::time::timeout(HANG_GUARD, task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    close_and_join(&stub, task).await.unwrap();
     assert!(
         plugin.create_done.load(Ordering::SeqCst),
         "the stub returned before the running handler finished"
@@ -135,13 +120,7 @@ async fn a_handler_running_when_the_runtime_goes_away_is_let_finish() {
 /// in the order they arrived.
 async fn raw_exchange(requests: Vec<(u32, Vec<u8>)>) -> Vec<(u32, Response)> {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nri.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    let stub = stub(&path);
-    let s = stub.clone();
-    let plugin = Recorder::new(EventMask::of(&[Event::CREATE_CONTAINER]));
-    let task = tokio::spawn(async move { s.connect_once(plugin).await });
-    let (mut peer, _) = listener.accept().await.unwrap();
+    let (stub, task, mut peer) = stub_with_raw_peer(dir.path()).await;
     let n = requests.len();
     for (sid, body) in requests {
         peer.write_all(&wire::frame_message(1, sid, wire::TYPE_REQUEST, &body))
@@ -171,8 +150,8 @@ async fn raw_exchange(requests: Vec<(u32, Vec<u8>)>) -> Vec<(u32, Response)> {
     })
     .await
     .expect("every request answered");
-    stub.close();
-    tokio::time::timeout(HANG_GUARD, task).await.unwrap().ok();
+    // The peer never answered RegisterPlugin, so how the stub ends does not matter here.
+    let _ = close_and_join(&stub, task).await;
     got
 }
 

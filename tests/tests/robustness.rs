@@ -99,13 +99,7 @@ async fn garbage_reply_to_register_plugin_fails_registration() {
 #[tokio::test]
 async fn frames_for_unknown_conns_are_dropped_and_garbage_payload_gets_an_error_status() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("nri.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    let stub = stub(&path);
-    let s = stub.clone();
-    let plugin = Recorder::new(EventMask::of(&[Event::CREATE_CONTAINER]));
-    let task = tokio::spawn(async move { s.connect_once(plugin).await });
-    let (mut peer, _) = listener.accept().await.unwrap();
+    let (stub, task, mut peer) = stub_with_raw_peer(dir.path()).await;
     let mut out = wire::frame(7, b"ignored");
     let req = Request {
         service: "nri.pkg.api.v1alpha1.Plugin".into(),
@@ -139,8 +133,7 @@ async fn frames_for_unknown_conns_are_dropped_and_garbage_payload_gets_an_error_
     .await
     .unwrap();
     assert_ne!(resp.code, 0, "garbage request must get an error status");
-    stub.close();
-    tokio::time::timeout(HANG_GUARD, task).await.unwrap().ok();
+    let _ = close_and_join(&stub, task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

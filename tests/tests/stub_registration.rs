@@ -52,13 +52,7 @@ async fn socket_mode_registers_configures_and_synchronizes() {
     }
     assert_eq!(rt.sync_chunks(), vec![1]);
     assert_eq!(rt.sync_updates()[0].container_id, "ctr-000011");
-
-    stub.close();
-    tokio::time::timeout(HANG_GUARD, task)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    close_and_join(&stub, task).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

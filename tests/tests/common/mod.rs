@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use nri_proto::api::*;
-use nri_proto::{EventMask, Plugin, PluginError, Stub, StubEvent};
+use nri_proto::{EventMask, Plugin, PluginError, Stub, StubError, StubEvent};
+use tokio::task::JoinHandle;
 
 /// Generous guard against hangs (not a timing assertion).
 pub const HANG_GUARD: Duration = Duration::from_secs(30);
@@ -149,4 +150,41 @@ pub async fn wait_event(
     })
     .await
     .expect("stub event in time")
+}
+
+/// The task of a stub's `connect_once`.
+pub type StubTask = JoinHandle<Result<(), StubError>>;
+
+/// A stub for `path` (see [`stub`]) serving `plugin` in its own task, one connection.
+pub fn spawn_stub<P: Plugin>(path: &std::path::Path, plugin: Arc<P>) -> (Arc<Stub>, StubTask) {
+    let stub = stub(path);
+    let s = stub.clone();
+    (
+        stub,
+        tokio::spawn(async move { s.connect_once(plugin).await }),
+    )
+}
+
+/// Closes the stub and waits for its task; what `connect_once` returned.
+pub async fn close_and_join(stub: &Stub, task: StubTask) -> Result<(), StubError> {
+    stub.close();
+    tokio::time::timeout(HANG_GUARD, task)
+        .await
+        .expect("the stub ends once closed")
+        .expect("the stub task does not panic")
+}
+
+/// A stub (serving a [`Recorder`] of CreateContainer) connected to a raw peer socket that the
+/// test drives byte by byte; the listener lives in `dir`.
+pub async fn stub_with_raw_peer(
+    dir: &std::path::Path,
+) -> (Arc<Stub>, StubTask, tokio::net::UnixStream) {
+    let path = dir.join("nri.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let (stub, task) = spawn_stub(
+        &path,
+        Recorder::new(EventMask::of(&[Event::CREATE_CONTAINER])),
+    );
+    let (peer, _) = listener.accept().await.unwrap();
+    (stub, task, peer)
 }
