@@ -29,7 +29,8 @@ struct ClaimStatus<'a> {
     containers: &'a [&'a str],
 }
 
-/// Serializes the claims as a sequence while the engine's state is borrowed.
+/// Serializes the claims as a sequence while the engine's state is borrowed. The iterator is
+/// consumed by the first `serialize` (the document is written once).
 struct Claims<'a, I> {
     claims: std::cell::Cell<Option<I>>,
     holders: &'a BTreeMap<&'a str, Vec<&'a str>>,
@@ -108,4 +109,66 @@ pub fn render<'b>(
         tracing::error!(error = %e, "status document could not be written");
         "{}".to_string()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policies::{CpuSet, Unit};
+
+    fn allocation(uid: &str, cpus: &str) -> Allocation {
+        Allocation {
+            claim_uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("{uid}-name"),
+            results: vec![Grant {
+                request: "gpu".into(),
+                pool: "p".into(),
+                device: "p-g0".into(),
+                device_id: "g0".into(),
+                unit: Unit::Whole,
+            }],
+            cpus: cpus.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_document_has_every_part_and_the_containers_of_each_claim() {
+        let parts = StatusParts {
+            gate_open: true,
+            policy: Snapshot {
+                pools: Vec::new(),
+                unpooled: vec!["g9".into()],
+                shared_cpus: "0-3".parse().unwrap(),
+                exclusive_cpus: BTreeMap::new(),
+                claims: 2,
+            },
+            containers: BTreeMap::from([
+                ("c1".to_string(), BTreeSet::from(["a".to_string()])),
+                ("c2".to_string(), BTreeSet::from(["a".to_string()])),
+            ]),
+            pending_updates: 3,
+        };
+        let (a, b) = (allocation("a", "4"), allocation("b", ""));
+        let annotation = Origin::Annotation {
+            container_id: "c1".into(),
+        };
+        let claims = [(&a, &annotation), (&b, &Origin::ClaimsApi)];
+        let doc: serde_json::Value =
+            serde_json::from_str(&render(&parts, claims.into_iter())).unwrap();
+        assert_eq!(doc["gate"]["open"], true);
+        assert_eq!(doc["pending_updates"], 3);
+        assert_eq!(doc["policy"]["unpooled"][0], "g9");
+        assert_eq!(doc["containers"]["c2"][0], "a");
+        let claims = doc["claims"].as_array().unwrap();
+        assert_eq!(claims.len(), 2);
+        assert_eq!(claims[0]["uid"], "a");
+        assert_eq!(claims[0]["name"], "a-name");
+        assert_eq!(claims[0]["cpus"], CpuSet::from_iter([4]).to_string());
+        assert_eq!(claims[0]["origin"]["kind"], "annotation");
+        assert_eq!(claims[0]["containers"], serde_json::json!(["c1", "c2"]));
+        assert_eq!(claims[0]["results"][0]["device_id"], "g0");
+        assert_eq!(claims[1]["origin"]["kind"], "claims-api");
+        assert_eq!(claims[1]["containers"], serde_json::json!([]));
+    }
 }
