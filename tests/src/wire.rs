@@ -28,9 +28,6 @@ pub const TYPE_RESPONSE: u8 = 2;
 /// Wire errors; any of them makes the fake runtime drop the plugin, as the Go runtime does.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum WireError {
-    /// The connection ended.
-    #[error("connection closed")]
-    Closed,
     /// A frame was longer than the reader's buffer (Go's mux fails the read with ENOMEM).
     #[error("frame of {frame} bytes does not fit the {buf}-byte read buffer (ENOMEM in Go's mux)")]
     FrameTooLong {
