@@ -8,7 +8,7 @@
 //!
 //! 3. Synchronize of 10,000 containers end to end (paged past 4 MiB).
 //!
-//! 1 and 2 are sampled in alternating blocks of [`BLOCK`] so both see the same machine, and each
+//! 1 and 2 are sampled in alternating blocks of 100 (`BLOCK`) so both see the same machine, and each
 //! side's CPU time per round trip is reported with them.
 #![allow(clippy::print_stdout)]
 
