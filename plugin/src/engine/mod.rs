@@ -146,7 +146,7 @@ impl Engine {
             .iter()
             .filter_map(|u| records.get(u).map(|r| (u.clone(), r.origin.clone())))
             .collect();
-        let pending_updates = journal.pending().len();
+        let pending_updates = journal.pending_count();
         let seq = journal.pending().values().map(|p| p.seq).max().unwrap_or(0);
         let engine = Engine {
             state: Mutex::new(State { node, seq, origins }),

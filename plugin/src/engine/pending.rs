@@ -74,7 +74,7 @@ pub(super) async fn flush(engine: &Engine) -> usize {
         let mut f = engine.pending.flusher();
         if f.running {
             f.again = true;
-            return engine.journal.pending().len();
+            return engine.journal.pending_count();
         }
         f.running = true;
     }
@@ -123,7 +123,7 @@ async fn flush_once(engine: &Engine) -> usize {
     for c in &failed {
         tracing::warn!(container = %c, "the runtime did not apply a container update; it stays pending");
     }
-    engine.journal.pending().len()
+    engine.journal.pending_count()
 }
 
 pub(super) async fn forget_except(engine: &Engine, live: &BTreeSet<String>) {
