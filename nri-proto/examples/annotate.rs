@@ -23,8 +23,8 @@ impl Plugin for Annotate {
 
     async fn synchronize(
         &self,
-        pods: Vec<PodSandbox>,
-        containers: Vec<Container>,
+        pods: &[PodSandbox],
+        containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         eprintln!(
             "annotate: synchronized {} pods, {} containers",
@@ -36,8 +36,8 @@ impl Plugin for Annotate {
 
     async fn create_container(
         &self,
-        pod: PodSandbox,
-        container: Container,
+        pod: &PodSandbox,
+        container: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
         eprintln!(
             "annotate: creating {}/{} in pod {}",
@@ -56,8 +56,8 @@ impl Plugin for Annotate {
 
     async fn remove_container(
         &self,
-        _pod: PodSandbox,
-        container: Container,
+        _pod: &PodSandbox,
+        container: &Container,
     ) -> Result<(), PluginError> {
         eprintln!("annotate: removed {}", container.id);
         Ok(())

@@ -351,6 +351,11 @@ struct MessageGuard {
 const MAX_MESSAGE_BODY: usize = 4 * 1024 * 1024;
 
 impl MessageGuard {
+    /// Whether the bytes seen so far end exactly at a message boundary.
+    fn at_boundary(&self) -> bool {
+        self.filled == 0 && self.body_left == 0
+    }
+
     fn check(&mut self, mut data: &[u8]) -> Result<(), String> {
         while !data.is_empty() {
             if self.body_left > 0 {
@@ -408,16 +413,83 @@ impl ConnSender {
     /// Writes `data` to the conn in frames of at most [`MAX_WRITE_FRAME`] bytes; fails once the
     /// socket has failed or been closed.
     pub fn send(&self, data: &[u8]) -> io::Result<()> {
-        self.out.submit(framed(self.id, data))
+        self.send_parts(&[data])
+    }
+
+    /// Writes the concatenation of `parts` as [`ConnSender::send`] does, without concatenating
+    /// them first.
+    pub fn send_parts(&self, parts: &[&[u8]]) -> io::Result<()> {
+        self.out.submit(framed(self.id, parts))
     }
 }
 
-fn framed(id: u32, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        data.len() + FRAME_HEADER_LEN * data.len().div_ceil(MAX_WRITE_FRAME).max(1),
-    );
-    encode_frames(id, data, &mut out);
+/// The frames of conn `id` that carry the concatenation of `parts`, in one buffer.
+fn framed(id: u32, parts: &[&[u8]]) -> Vec<u8> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let mut out =
+        Vec::with_capacity(total + FRAME_HEADER_LEN * total.div_ceil(MAX_WRITE_FRAME).max(1));
+    let (mut left, mut room) = (total, 0usize);
+    for part in parts {
+        let mut part = *part;
+        while !part.is_empty() {
+            if room == 0 {
+                room = left.min(MAX_WRITE_FRAME);
+                out.extend_from_slice(&id.to_be_bytes());
+                // At most 4096, so the cast cannot truncate.
+                out.extend_from_slice(&(room as u32).to_be_bytes());
+            }
+            let n = room.min(part.len());
+            out.extend_from_slice(&part[..n]);
+            (part, room, left) = (&part[n..], room - n, left - n);
+        }
+    }
     out
+}
+
+/// What [`MuxConn::next_message`] found.
+pub(crate) enum Next {
+    /// A frame holding exactly one whole ttrpc message (header and body), uncopied.
+    Whole(Vec<u8>),
+    /// Anything else: read the conn as a byte stream (the bytes stay buffered for it).
+    Bytes,
+    /// End of stream.
+    End,
+}
+
+impl MuxConn {
+    /// Waits for the next frame and hands it over whole when it carries exactly one ttrpc
+    /// message, the usual case (a runtime writes each message of up to 4 KiB as one frame), so
+    /// the server need not copy it out of the stream. Only valid between messages.
+    pub(crate) async fn next_message(&mut self) -> io::Result<Next> {
+        if self.pos < self.pending.len() || !self.guard.at_boundary() {
+            return Ok(Next::Bytes);
+        }
+        let Some(data) = self.rx.recv().await else {
+            return Ok(Next::End);
+        };
+        self.checked(&data)?;
+        let announced = data
+            .get(..4)
+            .map(|h| u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize);
+        if data.len() >= 10 && announced == Some(data.len() - 10) {
+            return Ok(Next::Whole(data));
+        }
+        self.pending = data;
+        self.pos = 0;
+        Ok(Next::Bytes)
+    }
+
+    /// Runs the message guard over newly received bytes; a violation closes the connection.
+    fn checked(&mut self, data: &[u8]) -> io::Result<()> {
+        let Err(why) = self.guard.check(data) else {
+            return Ok(());
+        };
+        let e = MuxError::BadMessage { conn: self.id, why };
+        tracing::error!(error = %e, "NRI connection failed");
+        self.closed.send_replace(Some(e.to_string()));
+        self.rx.close();
+        Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    }
 }
 
 impl AsyncRead for MuxConn {
@@ -430,16 +502,7 @@ impl AsyncRead for MuxConn {
         if this.pos >= this.pending.len() {
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(data)) => {
-                    if let Err(why) = this.guard.check(&data) {
-                        let e = MuxError::BadMessage { conn: this.id, why };
-                        tracing::error!(error = %e, "NRI connection failed");
-                        this.closed.send_replace(Some(e.to_string()));
-                        this.rx.close();
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            e.to_string(),
-                        )));
-                    }
+                    this.checked(&data)?;
                     this.pending = data;
                     this.pos = 0;
                 }
@@ -460,7 +523,11 @@ impl AsyncWrite for MuxConn {
         _cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Poll::Ready(self.out.submit(framed(self.id, data)).map(|()| data.len()))
+        Poll::Ready(
+            self.out
+                .submit(framed(self.id, &[data]))
+                .map(|()| data.len()),
+        )
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -491,6 +558,27 @@ mod tests {
             rest = &rest[8 + len..];
         }
         assert_eq!(sizes, vec![4096, 4096, 1808]);
+    }
+
+    #[test]
+    fn parts_are_framed_as_their_concatenation() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let mut whole = Vec::new();
+        encode_frames(3, &data, &mut whole);
+        for cuts in [
+            vec![0, 10_000],
+            vec![10, 4096, 4097, 9_999],
+            vec![0, 0, 5000, 5000],
+        ] {
+            let mut parts = Vec::new();
+            let mut at = 0;
+            for c in cuts.iter().chain([&10_000]) {
+                parts.push(&data[at..*c]);
+                at = *c;
+            }
+            assert_eq!(framed(3, &parts), whole, "cuts {cuts:?}");
+        }
+        assert!(framed(3, &[&[], &[]]).is_empty());
     }
 
     #[tokio::test]

@@ -18,6 +18,10 @@ use crate::events::EventMask;
 /// method or, when that is not implemented either, to [`Plugin::state_change`]. Events with a reply
 /// (create, update, stop container, update pod, validate) default to an empty reply.
 ///
+/// Handlers borrow what the runtime sent: the stub frees a request only after its answer is on
+/// the wire, so a plugin that keeps nothing pays nothing for it, and the runtime does not wait
+/// while a 10,000-container Synchronize is freed. Clone what you keep.
+///
 /// Never call [`crate::Updater::update_containers`] from inside a handler (some runtimes deadlock);
 /// return in-handler updates in the handler's reply instead.
 #[async_trait]
@@ -34,8 +38,8 @@ pub trait Plugin: Send + Sync + 'static {
     /// Returned updates are applied by the runtime.
     async fn synchronize(
         &self,
-        _pods: Vec<PodSandbox>,
-        _containers: Vec<Container>,
+        _pods: &[PodSandbox],
+        _containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         Ok(Vec::new())
     }
@@ -44,40 +48,40 @@ pub trait Plugin: Send + Sync + 'static {
     async fn shutdown(&self) {}
 
     /// A pod sandbox is being started.
-    async fn run_pod_sandbox(&self, _pod: PodSandbox) -> Result<(), PluginError> {
+    async fn run_pod_sandbox(&self, _pod: &PodSandbox) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 
     /// A pod sandbox's resources are being updated.
     async fn update_pod_sandbox(
         &self,
-        _pod: PodSandbox,
-        _overhead: Option<LinuxResources>,
-        _resources: Option<LinuxResources>,
+        _pod: &PodSandbox,
+        _overhead: Option<&LinuxResources>,
+        _resources: Option<&LinuxResources>,
     ) -> Result<(), PluginError> {
         Ok(())
     }
 
     /// A pod sandbox's resources were updated.
-    async fn post_update_pod_sandbox(&self, _pod: PodSandbox) -> Result<(), PluginError> {
+    async fn post_update_pod_sandbox(&self, _pod: &PodSandbox) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 
     /// A pod sandbox is being stopped.
-    async fn stop_pod_sandbox(&self, _pod: PodSandbox) -> Result<(), PluginError> {
+    async fn stop_pod_sandbox(&self, _pod: &PodSandbox) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 
     /// A pod sandbox was removed.
-    async fn remove_pod_sandbox(&self, _pod: PodSandbox) -> Result<(), PluginError> {
+    async fn remove_pod_sandbox(&self, _pod: &PodSandbox) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
 
     /// A container is being created: return its adjustment and updates of other containers.
     async fn create_container(
         &self,
-        _pod: PodSandbox,
-        _container: Container,
+        _pod: &PodSandbox,
+        _container: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
         Ok((ContainerAdjustment::new(), Vec::new()))
     }
@@ -85,8 +89,8 @@ pub trait Plugin: Send + Sync + 'static {
     /// A container was created.
     async fn post_create_container(
         &self,
-        _pod: PodSandbox,
-        _container: Container,
+        _pod: &PodSandbox,
+        _container: &Container,
     ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
@@ -94,8 +98,8 @@ pub trait Plugin: Send + Sync + 'static {
     /// A container is being started.
     async fn start_container(
         &self,
-        _pod: PodSandbox,
-        _container: Container,
+        _pod: &PodSandbox,
+        _container: &Container,
     ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
@@ -103,8 +107,8 @@ pub trait Plugin: Send + Sync + 'static {
     /// A container was started.
     async fn post_start_container(
         &self,
-        _pod: PodSandbox,
-        _container: Container,
+        _pod: &PodSandbox,
+        _container: &Container,
     ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
@@ -112,9 +116,9 @@ pub trait Plugin: Send + Sync + 'static {
     /// A container's resources are being updated.
     async fn update_container(
         &self,
-        _pod: PodSandbox,
-        _container: Container,
-        _resources: Option<LinuxResources>,
+        _pod: &PodSandbox,
+        _container: &Container,
+        _resources: Option<&LinuxResources>,
     ) -> Result<(Vec<ContainerUpdate>, Vec<ContainerEviction>), PluginError> {
         Ok((Vec::new(), Vec::new()))
     }
@@ -122,8 +126,8 @@ pub trait Plugin: Send + Sync + 'static {
     /// A container's resources were updated.
     async fn post_update_container(
         &self,
-        _pod: PodSandbox,
-        _container: Container,
+        _pod: &PodSandbox,
+        _container: &Container,
     ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
@@ -131,8 +135,8 @@ pub trait Plugin: Send + Sync + 'static {
     /// A container is being stopped: return updates of other containers.
     async fn stop_container(
         &self,
-        _pod: PodSandbox,
-        _container: Container,
+        _pod: &PodSandbox,
+        _container: &Container,
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         Ok(Vec::new())
     }
@@ -140,8 +144,8 @@ pub trait Plugin: Send + Sync + 'static {
     /// A container was removed.
     async fn remove_container(
         &self,
-        _pod: PodSandbox,
-        _container: Container,
+        _pod: &PodSandbox,
+        _container: &Container,
     ) -> Result<(), PluginError> {
         Err(PluginError::Unimplemented)
     }
@@ -149,7 +153,7 @@ pub trait Plugin: Send + Sync + 'static {
     /// Validate the combined adjustment of all plugins (NRI v0.10+).
     async fn validate_container_adjustment(
         &self,
-        _req: ValidateContainerAdjustmentRequest,
+        _req: &ValidateContainerAdjustmentRequest,
     ) -> Result<ValidateContainerAdjustmentResponse, PluginError> {
         Ok(ValidateContainerAdjustmentResponse::new())
     }
@@ -159,8 +163,8 @@ pub trait Plugin: Send + Sync + 'static {
     async fn state_change(
         &self,
         _event: Event,
-        _pod: Option<PodSandbox>,
-        _container: Option<Container>,
+        _pod: Option<&PodSandbox>,
+        _container: Option<&Container>,
     ) -> Result<(), PluginError> {
         Ok(())
     }

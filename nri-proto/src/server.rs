@@ -7,23 +7,23 @@
 //! trip those hand-offs and copies cost about as much as everything else the plugin does
 //! (docs/nri-proto.md has the measurements). Here handlers run inside the connection's task, as a
 //! set of futures (so they still overlap), the envelope is read in place, the method is found by a
-//! `match`, and a finished answer goes straight to the socket. The service itself is the trait
-//! `ttrpc-codegen` generates, and the messages are the generated ones.
+//! `match`, and a finished answer goes straight to the socket. Handlers borrow their request, and
+//! the request is freed only after the answer is written: freeing a decoded request (a String per
+//! field, a map per label set) is work the runtime need not wait for.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use protobuf::{CodedInputStream, Message};
 use tokio::io::AsyncReadExt;
-use ttrpc::r#async::TtrpcContext;
 use ttrpc::{Code, MessageHeader, Status};
 
 use crate::api::*;
-use crate::generated::nri_ttrpc::Plugin as PluginRpc;
-use crate::mux::{ConnSender, MuxConn};
+use crate::mux::{ConnSender, MuxConn, Next};
 
 /// The service name on the wire.
 const SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
@@ -37,16 +37,16 @@ const TYPE_RESPONSE: u8 = 2;
 /// dropped): a handler stopped halfway would leave the plugin's own bookkeeping half done.
 const DRAIN: Duration = Duration::from_secs(2);
 
-/// The service as the server calls it.
-pub(crate) type RpcService = Arc<dyn PluginRpc + Send + Sync>;
+/// What a finished request leaves to free once its answer is written: the message buffer and the
+/// decoded request.
+type Spent = (Vec<u8>, Option<Box<dyn Send>>);
 
-/// A request in progress: resolves to the stream id and the response body.
-type Pending = Pin<Box<dyn Future<Output = (u32, Vec<u8>)> + Send>>;
+/// A request in progress: resolves to the stream id, the answer and what to free after it.
+type Pending = Pin<Box<dyn Future<Output = (u32, Answer, Spent)> + Send>>;
 
 /// Serves `service` on `conn` until the runtime closes it, then lets running handlers finish.
-pub(crate) async fn serve(conn: MuxConn, service: RpcService) {
+pub(crate) async fn serve<S: Rpc>(conn: MuxConn, service: Arc<S>) {
     let out = conn.sender();
-    let data = Arc::new(ttrpc::ConnectionData);
     // The read state lives in the stream, so a read cut short by a finished handler resumes.
     let requests = futures::stream::unfold(conn, |mut conn| async move {
         let next = read_message(&mut conn).await;
@@ -57,13 +57,22 @@ pub(crate) async fn serve(conn: MuxConn, service: RpcService) {
     loop {
         tokio::select! {
             biased;
-            Some((stream_id, body)) = running.next(), if !running.is_empty() => {
-                respond(&out, stream_id, body);
+            Some((stream_id, answer, spent)) = running.next(), if !running.is_empty() => {
+                respond(&out, stream_id, &answer);
+                drop(spent);
             }
             msg = requests.next() => match msg {
                 Some((header, body)) => {
-                    if let Some(p) = dispatch(&service, &data, header, body) {
-                        running.push(p);
+                    if let Some(mut p) = dispatch(&service, header, body) {
+                        // Most handlers finish without waiting: answer at once, outside the set.
+                        // One that waits is polled again, with a real waker, once in the set.
+                        match (&mut p).now_or_never() {
+                            Some((stream_id, answer, spent)) => {
+                                respond(&out, stream_id, &answer);
+                                drop(spent);
+                            }
+                            None => running.push(p),
+                        }
                     }
                 }
                 None => break,
@@ -80,16 +89,32 @@ pub(crate) async fn serve(conn: MuxConn, service: RpcService) {
     }
 }
 
+/// A message body: the buffer and where the body starts in it.
+type Body = (Vec<u8>, usize);
+
 /// Reads one message; `None` at end of stream or on a read error (the mux has logged it).
-async fn read_message(conn: &mut MuxConn) -> Option<(MessageHeader, Vec<u8>)> {
+async fn read_message(conn: &mut MuxConn) -> Option<(MessageHeader, Body)> {
+    let whole = match conn.next_message().await.ok()? {
+        Next::End => return None,
+        Next::Whole(buf) => Some(buf),
+        Next::Bytes => None,
+    };
     let mut h = [0u8; HEADER_LEN];
-    conn.read_exact(&mut h).await.ok()?;
+    match &whole {
+        Some(buf) => h.copy_from_slice(&buf[..HEADER_LEN]),
+        None => {
+            conn.read_exact(&mut h).await.ok()?;
+        }
+    }
     let header = MessageHeader {
         length: u32::from_be_bytes([h[0], h[1], h[2], h[3]]),
         stream_id: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
         type_: h[8],
         flags: h[9],
     };
+    if let Some(buf) = whole {
+        return Some((header, (buf, HEADER_LEN)));
+    }
     // The mux's message guard has already refused bodies over the limit; this keeps the
     // allocation bounded even if it did not.
     if header.length as usize > MAX_BODY {
@@ -97,7 +122,7 @@ async fn read_message(conn: &mut MuxConn) -> Option<(MessageHeader, Vec<u8>)> {
     }
     let mut body = vec![0u8; header.length as usize];
     conn.read_exact(&mut body).await.ok()?;
-    Some((header, body))
+    Some((header, (body, 0)))
 }
 
 /// The fields of a ttrpc request envelope, borrowed from its body.
@@ -148,16 +173,15 @@ fn utf8(b: &[u8]) -> Result<&str, String> {
 }
 
 /// Starts handling one message; `None` for messages that get no answer.
-fn dispatch(
-    service: &RpcService,
-    data: &Arc<ttrpc::ConnectionData>,
-    header: MessageHeader,
-    body: Vec<u8>,
-) -> Option<Pending> {
+fn dispatch<S: Rpc>(service: &Arc<S>, header: MessageHeader, body: Body) -> Option<Pending> {
     let sid = header.stream_id;
     let answer = |code, msg: String| -> Option<Pending> {
-        let body = encode_response(Err(ttrpc::get_status(code, msg)));
-        Some(Box::pin(std::future::ready((sid, body))))
+        let answer = encode_response(Err(ttrpc::get_status(code, msg)));
+        Some(Box::pin(std::future::ready((
+            sid,
+            answer,
+            (Vec::new(), None),
+        ))))
     };
     if header.type_ != TYPE_REQUEST {
         if header.type_ == TYPE_RESPONSE {
@@ -181,34 +205,30 @@ fn dispatch(
             format!("stream id {sid} must be odd"),
         );
     }
-    let (service, data) = (service.clone(), data.clone());
+    let service = service.clone();
     Some(Box::pin(async move {
-        let result = match parse_envelope(&body) {
-            Err(why) => Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)),
-            Ok(env) if env.service != SERVICE => Err(ttrpc::get_status(
-                Code::UNIMPLEMENTED,
-                format!("service {} is not served", env.service),
-            )),
-            Ok(env) => run(&*service, header, data, env).await,
+        let (buf, start) = body;
+        let (result, request) = match parse_envelope(&buf[start..]) {
+            Err(why) => (Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)), None),
+            Ok(env) if env.service != SERVICE => (
+                Err(ttrpc::get_status(
+                    Code::UNIMPLEMENTED,
+                    format!("service {} is not served", env.service),
+                )),
+                None,
+            ),
+            Ok(env) => run(&*service, env).await,
         };
-        (sid, encode_response(result))
+        (sid, encode_response(result), (buf, request))
     }))
 }
 
 /// Runs one request under its deadline (`timeout_nano`; a handler past it is stopped).
-async fn run(
-    service: &(dyn PluginRpc + Send + Sync),
-    header: MessageHeader,
-    data: Arc<ttrpc::ConnectionData>,
+async fn run<S: Rpc>(
+    service: &S,
     env: Envelope<'_>,
-) -> Result<Vec<u8>, Status> {
-    let ctx = TtrpcContext {
-        mh: header,
-        metadata: Default::default(),
-        timeout_nano: env.timeout_nano,
-        connection_data: data,
-    };
-    let call = call(service, &ctx, env.method, env.payload);
+) -> (Result<Vec<u8>, Status>, Option<Box<dyn Send>>) {
+    let call = call(service, env.method, env.payload);
     if env.timeout_nano <= 0 {
         return call.await;
     }
@@ -219,10 +239,8 @@ async fn run(
             ?t,
             "NRI handler missed the request's deadline"
         );
-        Err(ttrpc::get_status(
-            Code::DEADLINE_EXCEEDED,
-            format!("{} timed out", env.method),
-        ))
+        let why = format!("{} timed out", env.method);
+        (Err(ttrpc::get_status(Code::DEADLINE_EXCEEDED, why)), None)
     })
 }
 
@@ -234,60 +252,92 @@ fn status_of(e: ttrpc::Error) -> Status {
     }
 }
 
-/// Decodes the request of `method` from `payload`, runs it on `service` and encodes the answer.
-async fn call(
-    service: &(dyn PluginRpc + Send + Sync),
-    ctx: &TtrpcContext,
-    method: &str,
-    payload: &[u8],
-) -> Result<Vec<u8>, Status> {
-    macro_rules! methods {
-        ($($name:literal => $f:ident($req:ty)),* $(,)?) => {
+/// Declares the service trait the server calls and the dispatch onto it, from one list of
+/// (method name, handler, request, response).
+macro_rules! plugin_service {
+    ($($name:literal => $f:ident($req:ty) -> $resp:ty),* $(,)?) => {
+        /// The NRI plugin service as this server calls it. Each handler borrows its request
+        /// (mutably, so it may move parts out or hand parts back); the server frees the request
+        /// after the answer is written.
+        pub(crate) trait Rpc: Send + Sync + 'static {
+            $(
+                #[doc = concat!("Serves `", $name, "`.")]
+                fn $f(&self, req: &mut $req)
+                    -> impl Future<Output = ttrpc::Result<$resp>> + Send;
+            )*
+        }
+
+        /// Decodes the request of `method` from `payload`, runs it on `service` and encodes the
+        /// answer; returns the answer and the decoded request, for the caller to free.
+        async fn call<S: Rpc>(
+            service: &S,
+            method: &str,
+            payload: &[u8],
+        ) -> (Result<Vec<u8>, Status>, Option<Box<dyn Send>>) {
             match method {
                 $($name => {
-                    let req = <$req>::parse_from_bytes(payload).map_err(|e| {
-                        ttrpc::get_status(
-                            Code::INVALID_ARGUMENT,
-                            format!("bad {} request: {e}", $name),
-                        )
-                    })?;
-                    let resp = service.$f(ctx, req).await.map_err(status_of)?;
-                    resp.write_to_bytes().map_err(|e| {
-                        ttrpc::get_status(Code::INTERNAL, format!("encoding the {} answer: {e}", $name))
-                    })
+                    let mut req = match <$req>::parse_from_bytes(payload) {
+                        Ok(req) => req,
+                        Err(e) => {
+                            let why = format!("bad {} request: {e}", $name);
+                            return (Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)), None);
+                        }
+                    };
+                    let answer = match service.$f(&mut req).await {
+                        Ok(resp) => resp.write_to_bytes().map_err(|e| {
+                            let why = format!("encoding the {} answer: {e}", $name);
+                            ttrpc::get_status(Code::INTERNAL, why)
+                        }),
+                        Err(e) => Err(status_of(e)),
+                    };
+                    (answer, Some(Box::new(req)))
                 })*
-                other => Err(ttrpc::get_status(
-                    Code::UNIMPLEMENTED,
-                    format!("{SERVICE}/{other} is not served"),
-                )),
+                other => {
+                    let why = format!("{SERVICE}/{other} is not served");
+                    (Err(ttrpc::get_status(Code::UNIMPLEMENTED, why)), None)
+                }
             }
-        };
-    }
-    methods! {
-        "Configure" => configure(ConfigureRequest),
-        "Synchronize" => synchronize(SynchronizeRequest),
-        "Shutdown" => shutdown(Empty),
-        "RunPodSandbox" => run_pod_sandbox(RunPodSandboxRequest),
-        "UpdatePodSandbox" => update_pod_sandbox(UpdatePodSandboxRequest),
-        "PostUpdatePodSandbox" => post_update_pod_sandbox(PostUpdatePodSandboxRequest),
-        "StopPodSandbox" => stop_pod_sandbox(StopPodSandboxRequest),
-        "RemovePodSandbox" => remove_pod_sandbox(RemovePodSandboxRequest),
-        "CreateContainer" => create_container(CreateContainerRequest),
-        "PostCreateContainer" => post_create_container(PostCreateContainerRequest),
-        "StartContainer" => start_container(StartContainerRequest),
-        "PostStartContainer" => post_start_container(PostStartContainerRequest),
-        "UpdateContainer" => update_container(UpdateContainerRequest),
-        "PostUpdateContainer" => post_update_container(PostUpdateContainerRequest),
-        "StopContainer" => stop_container(StopContainerRequest),
-        "RemoveContainer" => remove_container(RemoveContainerRequest),
-        "StateChange" => state_change(StateChangeEvent),
-        "ValidateContainerAdjustment" => validate_container_adjustment(ValidateContainerAdjustmentRequest),
+        }
+    };
+}
+
+plugin_service! {
+    "Configure" => configure(ConfigureRequest) -> ConfigureResponse,
+    "Synchronize" => synchronize(SynchronizeRequest) -> SynchronizeResponse,
+    "Shutdown" => shutdown(Empty) -> Empty,
+    "RunPodSandbox" => run_pod_sandbox(RunPodSandboxRequest) -> RunPodSandboxResponse,
+    "UpdatePodSandbox" => update_pod_sandbox(UpdatePodSandboxRequest) -> UpdatePodSandboxResponse,
+    "PostUpdatePodSandbox" => post_update_pod_sandbox(PostUpdatePodSandboxRequest) -> PostUpdatePodSandboxResponse,
+    "StopPodSandbox" => stop_pod_sandbox(StopPodSandboxRequest) -> StopPodSandboxResponse,
+    "RemovePodSandbox" => remove_pod_sandbox(RemovePodSandboxRequest) -> RemovePodSandboxResponse,
+    "CreateContainer" => create_container(CreateContainerRequest) -> CreateContainerResponse,
+    "PostCreateContainer" => post_create_container(PostCreateContainerRequest) -> PostCreateContainerResponse,
+    "StartContainer" => start_container(StartContainerRequest) -> StartContainerResponse,
+    "PostStartContainer" => post_start_container(PostStartContainerRequest) -> PostStartContainerResponse,
+    "UpdateContainer" => update_container(UpdateContainerRequest) -> UpdateContainerResponse,
+    "PostUpdateContainer" => post_update_container(PostUpdateContainerRequest) -> PostUpdateContainerResponse,
+    "StopContainer" => stop_container(StopContainerRequest) -> StopContainerResponse,
+    "RemoveContainer" => remove_container(RemoveContainerRequest) -> RemoveContainerResponse,
+    "StateChange" => state_change(StateChangeEvent) -> Empty,
+    "ValidateContainerAdjustment" => validate_container_adjustment(ValidateContainerAdjustmentRequest) -> ValidateContainerAdjustmentResponse,
+}
+
+/// A response body in two parts, so that the payload is not copied again: `head` is the
+/// `status = 1` field (always present, empty for OK, as Go's server sends it) and, on success, the
+/// tag and length of `payload = 2`.
+struct Answer {
+    head: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+impl Answer {
+    fn len(&self) -> usize {
+        self.head.len() + self.payload.len()
     }
 }
 
-/// A response body: `status = 1` (always present, empty for OK, as Go's server sends it) and, on
-/// success, `payload = 2`. An answer over the size limit becomes a ResourceExhausted status.
-fn encode_response(result: Result<Vec<u8>, Status>) -> Vec<u8> {
+/// Encodes an answer. One over the size limit becomes a ResourceExhausted status.
+fn encode_response(result: Result<Vec<u8>, Status>) -> Answer {
     let (status, payload) = match result {
         Ok(p) if p.len() + 16 > MAX_BODY => {
             let why = format!(
@@ -295,33 +345,37 @@ fn encode_response(result: Result<Vec<u8>, Status>) -> Vec<u8> {
                 p.len()
             );
             tracing::error!("{why}");
-            (ttrpc::get_status(Code::RESOURCE_EXHAUSTED, why), Vec::new())
+            (
+                Some(ttrpc::get_status(Code::RESOURCE_EXHAUSTED, why)),
+                Vec::new(),
+            )
         }
-        Ok(p) => (Status::new(), p),
-        Err(s) => (s, Vec::new()),
+        Ok(p) => (None, p),
+        Err(s) => (Some(s), Vec::new()),
     };
-    let status = status.write_to_bytes().unwrap_or_default();
-    let mut body = Vec::with_capacity(payload.len() + status.len() + 12);
-    let mut os = protobuf::CodedOutputStream::vec(&mut body);
+    let status = status.map(|s| s.write_to_bytes().unwrap_or_default());
+    let mut head = Vec::with_capacity(16 + status.as_ref().map_or(0, Vec::len));
+    let mut os = protobuf::CodedOutputStream::vec(&mut head);
     // Writing into a Vec fails only past 2 GiB; both parts are bounded above.
-    let _ = os.write_bytes(1, &status);
+    let _ = os.write_bytes(1, status.as_deref().unwrap_or_default());
     if !payload.is_empty() {
-        let _ = os.write_bytes(2, &payload);
+        let _ = os.write_tag(2, protobuf::rt::WireType::LengthDelimited);
+        // Under the 4 MiB limit, checked above.
+        let _ = os.write_raw_varint32(payload.len() as u32);
     }
     let _ = os.flush();
     drop(os);
-    body
+    Answer { head, payload }
 }
 
 /// Writes one response message for `stream_id`.
-fn respond(out: &ConnSender, stream_id: u32, body: Vec<u8>) {
-    let mut msg = Vec::with_capacity(HEADER_LEN + body.len());
+fn respond(out: &ConnSender, stream_id: u32, answer: &Answer) {
+    let mut header = [0u8; HEADER_LEN];
     // The body is under the 4 MiB limit (encode_response replaces larger ones), so it fits u32.
-    msg.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    msg.extend_from_slice(&stream_id.to_be_bytes());
-    msg.extend_from_slice(&[TYPE_RESPONSE, 0]);
-    msg.extend_from_slice(&body);
-    if let Err(e) = out.send(&msg) {
+    header[..4].copy_from_slice(&(answer.len() as u32).to_be_bytes());
+    header[4..8].copy_from_slice(&stream_id.to_be_bytes());
+    header[8] = TYPE_RESPONSE;
+    if let Err(e) = out.send_parts(&[&header, &answer.head, &answer.payload]) {
         tracing::debug!(stream_id, error = %e, "NRI response not sent: connection closed");
     }
 }
@@ -359,16 +413,17 @@ mod tests {
 
     #[test]
     fn responses_carry_an_empty_status_on_success() {
-        let body = encode_response(Ok(vec![7, 7]));
-        let resp = ttrpc::Response::parse_from_bytes(&body).unwrap();
+        let body = |a: Answer| [a.head, a.payload].concat();
+        let resp =
+            ttrpc::Response::parse_from_bytes(&body(encode_response(Ok(vec![7, 7])))).unwrap();
         assert_eq!(resp.status.code.value(), 0);
         assert_eq!(resp.payload, vec![7, 7]);
-        let body = encode_response(Err(ttrpc::get_status(Code::UNIMPLEMENTED, "no")));
-        let resp = ttrpc::Response::parse_from_bytes(&body).unwrap();
+        let no = encode_response(Err(ttrpc::get_status(Code::UNIMPLEMENTED, "no")));
+        let resp = ttrpc::Response::parse_from_bytes(&body(no)).unwrap();
         assert_eq!(resp.status.code.value(), Code::UNIMPLEMENTED as i32);
         assert_eq!(resp.status.message, "no");
         let big = encode_response(Ok(vec![0; MAX_BODY]));
-        let resp = ttrpc::Response::parse_from_bytes(&big).unwrap();
+        let resp = ttrpc::Response::parse_from_bytes(&body(big)).unwrap();
         assert_eq!(resp.status.code.value(), Code::RESOURCE_EXHAUSTED as i32);
     }
 }

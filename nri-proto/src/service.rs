@@ -1,16 +1,13 @@
-//! The plugin-side ttrpc service: adapts the generated `Plugin` service trait to [`crate::Plugin`],
-//! reassembles paged Synchronize requests, limits the event mask and routes StateChange.
+//! The plugin-side service: adapts the server's requests to [`crate::Plugin`], reassembles paged
+//! Synchronize requests, limits the event mask and routes StateChange.
 
 use std::sync::{Arc, Mutex};
-
-use async_trait::async_trait;
-use ttrpc::r#async::TtrpcContext;
 
 use crate::api::*;
 use crate::error::{PluginError, to_ttrpc};
 use crate::events::valid_mask_for;
-use crate::generated::nri_ttrpc;
 use crate::plugin::Plugin;
+use crate::server::Rpc;
 use crate::stub::{Notifier, StubEvent};
 
 /// Pods and containers of the chunks received so far in a paged Synchronize.
@@ -46,11 +43,12 @@ fn lift<T>(r: Result<T, PluginError>) -> R<T> {
 async fn notify_event<P: Plugin>(
     plugin: &P,
     event: Event,
-    pod: Option<PodSandbox>,
-    container: Option<Container>,
+    pod: Option<&PodSandbox>,
+    container: Option<&Container>,
 ) -> Result<(), PluginError> {
-    let p = pod.clone().unwrap_or_default();
-    let c = container.clone().unwrap_or_default();
+    let (empty_pod, empty_container) = (PodSandbox::new(), Container::new());
+    let p = pod.unwrap_or(&empty_pod);
+    let c = container.unwrap_or(&empty_container);
     let r = match event {
         Event::RUN_POD_SANDBOX => plugin.run_pod_sandbox(p).await,
         Event::STOP_POD_SANDBOX => plugin.stop_pod_sandbox(p).await,
@@ -69,10 +67,19 @@ async fn notify_event<P: Plugin>(
     }
 }
 
-#[async_trait]
-impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
-    async fn configure(&self, _ctx: &TtrpcContext, req: ConfigureRequest) -> R<ConfigureResponse> {
-        let wanted = match self.plugin.configure(&req).await.map_err(to_ttrpc)? {
+/// The request's pod, or an empty one when the runtime sent none.
+fn pod_of(pod: &protobuf::MessageField<PodSandbox>) -> &PodSandbox {
+    pod.get_or_default()
+}
+
+/// The request's container, or an empty one when the runtime sent none.
+fn container_of(c: &protobuf::MessageField<Container>) -> &Container {
+    c.get_or_default()
+}
+
+impl<P: Plugin> Rpc for PluginService<P> {
+    async fn configure(&self, req: &mut ConfigureRequest) -> R<ConfigureResponse> {
+        let wanted = match self.plugin.configure(req).await.map_err(to_ttrpc)? {
             Some(mask) => mask,
             None => self.plugin.events(),
         };
@@ -104,15 +111,11 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         Ok(resp)
     }
 
-    async fn synchronize(
-        &self,
-        _ctx: &TtrpcContext,
-        req: SynchronizeRequest,
-    ) -> R<SynchronizeResponse> {
+    async fn synchronize(&self, req: &mut SynchronizeRequest) -> R<SynchronizeResponse> {
         let (pods, containers) = {
             let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-            pages.pods.extend(req.pods);
-            pages.containers.extend(req.containers);
+            pages.pods.append(&mut req.pods);
+            pages.containers.append(&mut req.containers);
             if req.more {
                 let mut resp = SynchronizeResponse::new();
                 resp.more = true;
@@ -121,8 +124,11 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
             let all = std::mem::take(&mut *pages);
             (all.pods, all.containers)
         };
+        let update = self.plugin.synchronize(&pods, &containers).await;
         let (n_pods, n_containers) = (pods.len(), containers.len());
-        let update = lift(self.plugin.synchronize(pods, containers).await)?;
+        // Handed back to the request, which the server frees after the answer is written.
+        (req.pods, req.containers) = (pods, containers);
+        let update = lift(update)?;
         self.notify.send(StubEvent::Synchronized {
             pods: n_pods,
             containers: n_containers,
@@ -132,89 +138,58 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
         Ok(resp)
     }
 
-    async fn shutdown(&self, _ctx: &TtrpcContext, _req: Empty) -> R<Empty> {
+    async fn shutdown(&self, _req: &mut Empty) -> R<Empty> {
         self.plugin.shutdown().await;
         Ok(Empty::new())
     }
 
-    async fn run_pod_sandbox(
-        &self,
-        _: &TtrpcContext,
-        mut req: RunPodSandboxRequest,
-    ) -> R<RunPodSandboxResponse> {
-        lift(
-            self.plugin
-                .run_pod_sandbox(req.pod.take().unwrap_or_default())
-                .await,
-        )?;
+    async fn run_pod_sandbox(&self, req: &mut RunPodSandboxRequest) -> R<RunPodSandboxResponse> {
+        lift(self.plugin.run_pod_sandbox(pod_of(&req.pod)).await)?;
         Ok(RunPodSandboxResponse::new())
     }
 
     async fn update_pod_sandbox(
         &self,
-        _: &TtrpcContext,
-        mut req: UpdatePodSandboxRequest,
+        req: &mut UpdatePodSandboxRequest,
     ) -> R<UpdatePodSandboxResponse> {
-        let pod = req.pod.take().unwrap_or_default();
-        lift(
-            self.plugin
-                .update_pod_sandbox(
-                    pod,
-                    req.overhead_linux_resources.take(),
-                    req.linux_resources.take(),
-                )
-                .await,
-        )?;
+        let r = self.plugin.update_pod_sandbox(
+            pod_of(&req.pod),
+            req.overhead_linux_resources.as_ref(),
+            req.linux_resources.as_ref(),
+        );
+        lift(r.await)?;
         Ok(UpdatePodSandboxResponse::new())
     }
 
     async fn post_update_pod_sandbox(
         &self,
-        _: &TtrpcContext,
-        mut req: PostUpdatePodSandboxRequest,
+        req: &mut PostUpdatePodSandboxRequest,
     ) -> R<PostUpdatePodSandboxResponse> {
-        lift(
-            self.plugin
-                .post_update_pod_sandbox(req.pod.take().unwrap_or_default())
-                .await,
-        )?;
+        lift(self.plugin.post_update_pod_sandbox(pod_of(&req.pod)).await)?;
         Ok(PostUpdatePodSandboxResponse::new())
     }
 
-    async fn stop_pod_sandbox(
-        &self,
-        _: &TtrpcContext,
-        mut req: StopPodSandboxRequest,
-    ) -> R<StopPodSandboxResponse> {
-        lift(
-            self.plugin
-                .stop_pod_sandbox(req.pod.take().unwrap_or_default())
-                .await,
-        )?;
+    async fn stop_pod_sandbox(&self, req: &mut StopPodSandboxRequest) -> R<StopPodSandboxResponse> {
+        lift(self.plugin.stop_pod_sandbox(pod_of(&req.pod)).await)?;
         Ok(StopPodSandboxResponse::new())
     }
 
     async fn remove_pod_sandbox(
         &self,
-        _: &TtrpcContext,
-        mut req: RemovePodSandboxRequest,
+        req: &mut RemovePodSandboxRequest,
     ) -> R<RemovePodSandboxResponse> {
-        lift(
-            self.plugin
-                .remove_pod_sandbox(req.pod.take().unwrap_or_default())
-                .await,
-        )?;
+        lift(self.plugin.remove_pod_sandbox(pod_of(&req.pod)).await)?;
         Ok(RemovePodSandboxResponse::new())
     }
 
     async fn create_container(
         &self,
-        _: &TtrpcContext,
-        mut req: CreateContainerRequest,
+        req: &mut CreateContainerRequest,
     ) -> R<CreateContainerResponse> {
-        let pod = req.pod.take().unwrap_or_default();
-        let container = req.container.take().unwrap_or_default();
-        let (adjust, update) = lift(self.plugin.create_container(pod, container).await)?;
+        let r = self
+            .plugin
+            .create_container(pod_of(&req.pod), container_of(&req.container));
+        let (adjust, update) = lift(r.await)?;
         let mut resp = CreateContainerResponse::new();
         resp.adjust = protobuf::MessageField::some(adjust);
         resp.update = update;
@@ -223,57 +198,44 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
 
     async fn post_create_container(
         &self,
-        _: &TtrpcContext,
-        mut req: PostCreateContainerRequest,
+        req: &mut PostCreateContainerRequest,
     ) -> R<PostCreateContainerResponse> {
-        let (p, c) = (
-            req.pod.take().unwrap_or_default(),
-            req.container.take().unwrap_or_default(),
-        );
-        lift(self.plugin.post_create_container(p, c).await)?;
+        let r = self
+            .plugin
+            .post_create_container(pod_of(&req.pod), container_of(&req.container));
+        lift(r.await)?;
         Ok(PostCreateContainerResponse::new())
     }
 
-    async fn start_container(
-        &self,
-        _: &TtrpcContext,
-        mut req: StartContainerRequest,
-    ) -> R<StartContainerResponse> {
-        let (p, c) = (
-            req.pod.take().unwrap_or_default(),
-            req.container.take().unwrap_or_default(),
-        );
-        lift(self.plugin.start_container(p, c).await)?;
+    async fn start_container(&self, req: &mut StartContainerRequest) -> R<StartContainerResponse> {
+        let r = self
+            .plugin
+            .start_container(pod_of(&req.pod), container_of(&req.container));
+        lift(r.await)?;
         Ok(StartContainerResponse::new())
     }
 
     async fn post_start_container(
         &self,
-        _: &TtrpcContext,
-        mut req: PostStartContainerRequest,
+        req: &mut PostStartContainerRequest,
     ) -> R<PostStartContainerResponse> {
-        let (p, c) = (
-            req.pod.take().unwrap_or_default(),
-            req.container.take().unwrap_or_default(),
-        );
-        lift(self.plugin.post_start_container(p, c).await)?;
+        let r = self
+            .plugin
+            .post_start_container(pod_of(&req.pod), container_of(&req.container));
+        lift(r.await)?;
         Ok(PostStartContainerResponse::new())
     }
 
     async fn update_container(
         &self,
-        _: &TtrpcContext,
-        mut req: UpdateContainerRequest,
+        req: &mut UpdateContainerRequest,
     ) -> R<UpdateContainerResponse> {
-        let (p, c) = (
-            req.pod.take().unwrap_or_default(),
-            req.container.take().unwrap_or_default(),
+        let r = self.plugin.update_container(
+            pod_of(&req.pod),
+            container_of(&req.container),
+            req.linux_resources.as_ref(),
         );
-        let (update, evict) = lift(
-            self.plugin
-                .update_container(p, c, req.linux_resources.take())
-                .await,
-        )?;
+        let (update, evict) = lift(r.await)?;
         let mut resp = UpdateContainerResponse::new();
         resp.update = update;
         resp.evict = evict;
@@ -282,27 +244,20 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
 
     async fn post_update_container(
         &self,
-        _: &TtrpcContext,
-        mut req: PostUpdateContainerRequest,
+        req: &mut PostUpdateContainerRequest,
     ) -> R<PostUpdateContainerResponse> {
-        let (p, c) = (
-            req.pod.take().unwrap_or_default(),
-            req.container.take().unwrap_or_default(),
-        );
-        lift(self.plugin.post_update_container(p, c).await)?;
+        let r = self
+            .plugin
+            .post_update_container(pod_of(&req.pod), container_of(&req.container));
+        lift(r.await)?;
         Ok(PostUpdateContainerResponse::new())
     }
 
-    async fn stop_container(
-        &self,
-        _: &TtrpcContext,
-        mut req: StopContainerRequest,
-    ) -> R<StopContainerResponse> {
-        let (p, c) = (
-            req.pod.take().unwrap_or_default(),
-            req.container.take().unwrap_or_default(),
-        );
-        let update = lift(self.plugin.stop_container(p, c).await)?;
+    async fn stop_container(&self, req: &mut StopContainerRequest) -> R<StopContainerResponse> {
+        let r = self
+            .plugin
+            .stop_container(pod_of(&req.pod), container_of(&req.container));
+        let update = lift(r.await)?;
         let mut resp = StopContainerResponse::new();
         resp.update = update;
         Ok(resp)
@@ -310,28 +265,30 @@ impl<P: Plugin> nri_ttrpc::Plugin for PluginService<P> {
 
     async fn remove_container(
         &self,
-        _: &TtrpcContext,
-        mut req: RemoveContainerRequest,
+        req: &mut RemoveContainerRequest,
     ) -> R<RemoveContainerResponse> {
-        let (p, c) = (
-            req.pod.take().unwrap_or_default(),
-            req.container.take().unwrap_or_default(),
-        );
-        lift(self.plugin.remove_container(p, c).await)?;
+        let r = self
+            .plugin
+            .remove_container(pod_of(&req.pod), container_of(&req.container));
+        lift(r.await)?;
         Ok(RemoveContainerResponse::new())
     }
 
-    async fn state_change(&self, _: &TtrpcContext, mut req: StateChangeEvent) -> R<Empty> {
+    async fn state_change(&self, req: &mut StateChangeEvent) -> R<Empty> {
         let event = req.event.enum_value().unwrap_or(Event::UNKNOWN);
-        let r = notify_event(&*self.plugin, event, req.pod.take(), req.container.take()).await;
-        lift(r)?;
+        let r = notify_event(
+            &*self.plugin,
+            event,
+            req.pod.as_ref(),
+            req.container.as_ref(),
+        );
+        lift(r.await)?;
         Ok(Empty::new())
     }
 
     async fn validate_container_adjustment(
         &self,
-        _: &TtrpcContext,
-        req: ValidateContainerAdjustmentRequest,
+        req: &mut ValidateContainerAdjustmentRequest,
     ) -> R<ValidateContainerAdjustmentResponse> {
         lift(self.plugin.validate_container_adjustment(req).await)
     }

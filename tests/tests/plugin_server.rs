@@ -14,6 +14,7 @@ use fake_runtime::FakeRuntime;
 use fake_runtime::fixtures::{container, node_state, pod};
 use fake_runtime::wire::{self, Request, Response};
 use nri_proto::api::*;
+use nri_proto::protobuf::{Message, MessageField};
 use nri_proto::{EventMask, Plugin, PluginError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -38,8 +39,8 @@ impl Plugin for Gated {
 
     async fn create_container(
         &self,
-        _pod: PodSandbox,
-        _c: Container,
+        _pod: &PodSandbox,
+        _c: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
         if let Some(d) = self.create_delay {
             tokio::time::sleep(d).await;
@@ -51,9 +52,9 @@ impl Plugin for Gated {
 
     async fn update_container(
         &self,
-        _pod: PodSandbox,
-        _c: Container,
-        _r: Option<LinuxResources>,
+        _pod: &PodSandbox,
+        _c: &Container,
+        _r: Option<&LinuxResources>,
     ) -> Result<(Vec<ContainerUpdate>, Vec<ContainerEviction>), PluginError> {
         self.created.notified().await;
         Ok((Vec::new(), Vec::new()))
@@ -119,14 +120,19 @@ async fn a_handler_running_when_the_runtime_goes_away_is_let_finish() {
 /// Writes `requests` on conn 1 of a stub's connection and returns the responses by stream id,
 /// in the order they arrived.
 async fn raw_exchange(requests: Vec<(u32, Vec<u8>)>) -> Vec<(u32, Response)> {
+    let n = requests.len();
+    let wire: Vec<u8> = requests
+        .into_iter()
+        .flat_map(|(sid, body)| wire::frame_message(1, sid, wire::TYPE_REQUEST, &body))
+        .collect();
+    raw_exchange_bytes(wire, n).await
+}
+
+/// Writes `socket_bytes` to a stub's connection and returns the first `n` responses on conn 1.
+async fn raw_exchange_bytes(socket_bytes: Vec<u8>, n: usize) -> Vec<(u32, Response)> {
     let dir = tempfile::tempdir().unwrap();
     let (stub, task, mut peer) = stub_with_raw_peer(dir.path()).await;
-    let n = requests.len();
-    for (sid, body) in requests {
-        peer.write_all(&wire::frame_message(1, sid, wire::TYPE_REQUEST, &body))
-            .await
-            .unwrap();
-    }
+    peer.write_all(&socket_bytes).await.unwrap();
     let mut got = Vec::new();
     tokio::time::timeout(HANG_GUARD, async {
         let mut acc = Vec::new();
@@ -201,4 +207,54 @@ async fn unknown_names_answer_unimplemented_and_bad_envelopes_an_error() {
     assert_eq!(code(5), 3, "bad envelope: InvalidArgument");
     assert_eq!(code(6), 3, "even stream id: InvalidArgument");
     assert_eq!(code(7), 0, "Shutdown is served");
+}
+
+/// A ttrpc message (header and body) as the bytes of a conn.
+fn message(sid: u32, body: &[u8]) -> Vec<u8> {
+    let mut m = (body.len() as u32).to_be_bytes().to_vec();
+    m.extend_from_slice(&sid.to_be_bytes());
+    m.extend_from_slice(&[wire::TYPE_REQUEST, 0]);
+    m.extend_from_slice(body);
+    m
+}
+
+#[tokio::test]
+async fn messages_packed_into_or_split_across_frames_are_all_answered() {
+    // A message alone in its frame is taken without copying; everything else is read as a byte
+    // stream. Mix the two and come back: every request must be answered once, in full.
+    let create = |n| {
+        let pd = pod(0);
+        let mut req = CreateContainerRequest::new();
+        req.container = MessageField::some(container(n, &pd, 40));
+        req.pod = MessageField::some(pd);
+        request(
+            PLUGIN_SERVICE,
+            "CreateContainer",
+            req.write_to_bytes().unwrap(),
+        )
+    };
+    let (m1, m3, m5, m7, m9) = (
+        message(1, &create(1)),
+        message(3, &create(3)),
+        message(5, &create(5)),
+        message(7, &create(7)),
+        message(9, &create(9)),
+    );
+    let frames: Vec<Vec<u8>> = vec![
+        [m1.clone(), m3.clone()].concat(),
+        m5[..7].to_vec(),
+        [&m5[7..], &m7[..m7.len() / 2]].concat(),
+        m7[m7.len() / 2..].to_vec(),
+        m9.clone(),
+    ];
+    let socket_bytes: Vec<u8> = frames.iter().flat_map(|f| wire::frame(1, f)).collect();
+    let got = raw_exchange_bytes(socket_bytes, 5).await;
+    let mut sids: Vec<u32> = got.iter().map(|(s, _)| *s).collect();
+    sids.sort();
+    assert_eq!(sids, vec![1, 3, 5, 7, 9], "{got:?}");
+    for (sid, resp) in &got {
+        assert_eq!(resp.code, 0, "stream {sid}: {resp:?}");
+        let answer = CreateContainerResponse::parse_from_bytes(&resp.payload);
+        assert!(answer.unwrap().adjust.is_some(), "stream {sid}");
+    }
 }

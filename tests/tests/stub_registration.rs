@@ -344,8 +344,8 @@ impl nri_proto::Plugin for Slow {
 
     async fn create_container(
         &self,
-        _pod: PodSandbox,
-        _c: Container,
+        _pod: &PodSandbox,
+        _c: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), nri_proto::PluginError> {
         tokio::time::sleep(std::time::Duration::from_secs(10)).await;
         Ok((ContainerAdjustment::new(), Vec::new()))

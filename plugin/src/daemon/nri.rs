@@ -241,8 +241,8 @@ impl Plugin for NriPlugin {
 
     async fn synchronize(
         &self,
-        pods: Vec<PodSandbox>,
-        containers: Vec<Container>,
+        pods: &[PodSandbox],
+        containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         let by_id: BTreeMap<&str, &PodSandbox> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
         let empty = PodSandbox::new();
@@ -273,10 +273,10 @@ impl Plugin for NriPlugin {
 
     async fn create_container(
         &self,
-        pod: PodSandbox,
-        container: Container,
+        pod: &PodSandbox,
+        container: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
-        let v = view(&pod, &container);
+        let v = view(pod, container);
         let started = std::time::Instant::now();
         let result = self.agent.create_container(&v, self.injection()).await;
         self.metrics
@@ -298,8 +298,8 @@ impl Plugin for NriPlugin {
 
     async fn stop_container(
         &self,
-        _pod: PodSandbox,
-        container: Container,
+        _pod: &PodSandbox,
+        container: &Container,
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         self.agent.stop_container(&container.id);
         Ok(Vec::new())
@@ -307,8 +307,8 @@ impl Plugin for NriPlugin {
 
     async fn remove_container(
         &self,
-        _pod: PodSandbox,
-        container: Container,
+        _pod: &PodSandbox,
+        container: &Container,
     ) -> Result<(), PluginError> {
         let started = std::time::Instant::now();
         let result = self.agent.remove_container(&container.id).await;

@@ -30,8 +30,8 @@ impl Plugin for TestPlugin {
 
     async fn synchronize(
         &self,
-        _pods: Vec<PodSandbox>,
-        containers: Vec<Container>,
+        _pods: &[PodSandbox],
+        containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         let mut u = ContainerUpdate::new();
         u.container_id = containers.last().map(|c| c.id.clone()).unwrap_or_default();
@@ -40,8 +40,8 @@ impl Plugin for TestPlugin {
 
     async fn create_container(
         &self,
-        _pod: PodSandbox,
-        container: Container,
+        _pod: &PodSandbox,
+        container: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
         let mut adj = ContainerAdjustment::new();
         let mut kv = KeyValue::new();

@@ -60,8 +60,8 @@ impl Plugin for Recorder {
 
     async fn synchronize(
         &self,
-        pods: Vec<PodSandbox>,
-        containers: Vec<Container>,
+        pods: &[PodSandbox],
+        containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         self.seen().syncs.push((pods.len(), containers.len()));
         let mut u = ContainerUpdate::new();
@@ -74,8 +74,8 @@ impl Plugin for Recorder {
 
     async fn create_container(
         &self,
-        _pod: PodSandbox,
-        container: Container,
+        _pod: &PodSandbox,
+        container: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
         self.seen().created.push(container.id.clone());
         Ok((big_adjustment(self.adjust_bytes), Vec::new()))
@@ -83,21 +83,21 @@ impl Plugin for Recorder {
 
     async fn post_start_container(
         &self,
-        _pod: PodSandbox,
-        c: Container,
+        _pod: &PodSandbox,
+        c: &Container,
     ) -> Result<(), PluginError> {
         if !self.handle_post_start {
             return Err(PluginError::Unimplemented);
         }
-        self.seen().post_starts.push(c.id);
+        self.seen().post_starts.push(c.id.clone());
         Ok(())
     }
 
     async fn state_change(
         &self,
         event: Event,
-        _pod: Option<PodSandbox>,
-        _c: Option<Container>,
+        _pod: Option<&PodSandbox>,
+        _c: Option<&Container>,
     ) -> Result<(), PluginError> {
         self.seen().state_changes.push(event);
         Ok(())
