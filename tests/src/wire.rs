@@ -76,6 +76,77 @@ pub fn frame_message(conn: u32, stream_id: u32, kind: u8, body: &[u8]) -> Vec<u8
     out
 }
 
+/// Length of the request envelope (service = 1, method = 2, payload = 3, timeout_nano = 4).
+pub fn request_len(service: &str, method: &str, payload_len: usize, timeout_nano: i64) -> usize {
+    let field = |n: usize| 1 + protobuf::rt::compute_raw_varint64_size(n as u64) as usize + n;
+    let timeout = match timeout_nano {
+        0 => 0,
+        t => 1 + protobuf::rt::compute_raw_varint64_size(t as u64) as usize,
+    };
+    field(service.len()) + field(method.len()) + field(payload_len) + timeout
+}
+
+/// Appends `v` as a protobuf varint.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Appends a length-delimited field (wire type 2).
+fn put_bytes(out: &mut Vec<u8>, field: u8, data: &[u8]) {
+    out.push(field << 3 | 2);
+    put_varint(out, data.len() as u64);
+    out.extend_from_slice(data);
+}
+
+/// Appends a request envelope to `out`.
+fn write_request(
+    out: &mut Vec<u8>,
+    service: &str,
+    method: &str,
+    payload: &[u8],
+    timeout_nano: i64,
+) {
+    put_bytes(out, 1, service.as_bytes());
+    put_bytes(out, 2, method.as_bytes());
+    put_bytes(out, 3, payload);
+    if timeout_nano != 0 {
+        out.push(4 << 3); // field 4, varint
+        // int64 goes on the wire as the varint of its two's-complement bits.
+        put_varint(out, timeout_nano as u64);
+    }
+}
+
+/// The bytes [`frame_message`] writes for this request, built in one buffer (the envelope is
+/// not encoded on its own first): the same frames, one allocation and one copy of the payload
+/// fewer, which is most of what the fake runtime spends sending a small request.
+pub fn frame_request(
+    conn: u32,
+    stream_id: u32,
+    (service, method): (&str, &str),
+    payload: &[u8],
+    timeout_nano: i64,
+) -> Vec<u8> {
+    let body_len = request_len(service, method, payload.len(), timeout_nano);
+    if MSG_HEADER + body_len > GO_BUF {
+        let mut body = Vec::with_capacity(body_len);
+        write_request(&mut body, service, method, payload, timeout_nano);
+        return frame_message(conn, stream_id, TYPE_REQUEST, &body);
+    }
+    let mut out = Vec::with_capacity(FRAME_HEADER + MSG_HEADER + body_len);
+    out.extend_from_slice(&conn.to_be_bytes());
+    // Both lengths are under 4096 here.
+    out.extend_from_slice(&((MSG_HEADER + body_len) as u32).to_be_bytes());
+    out.extend_from_slice(&(body_len as u32).to_be_bytes());
+    out.extend_from_slice(&stream_id.to_be_bytes());
+    out.extend_from_slice(&[TYPE_REQUEST, 0]);
+    write_request(&mut out, service, method, payload, timeout_nano);
+    out
+}
+
 /// One conn as Go's ttrpc reads it: a 4096-byte `bufio.Reader` over the mux conn, where each
 /// `Read` of the conn takes one whole frame and fails (ENOMEM) when the frame is longer than the
 /// slice it reads into. Frames are pushed in as the socket delivers them; whole messages come out.
@@ -215,18 +286,19 @@ fn skip(is: &mut CodedInputStream<'_>, tag: u32) -> Result<(), WireError> {
 impl Request {
     /// Encodes the body.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.payload.len() + 64);
-        {
-            let mut os = CodedOutputStream::vec(&mut out);
-            // Writing into a Vec cannot fail.
-            let _ = os.write_string(1, &self.service);
-            let _ = os.write_string(2, &self.method);
-            let _ = os.write_bytes(3, &self.payload);
-            if self.timeout_nano != 0 {
-                let _ = os.write_int64(4, self.timeout_nano);
-            }
-            let _ = os.flush();
-        }
+        let mut out = Vec::with_capacity(request_len(
+            &self.service,
+            &self.method,
+            self.payload.len(),
+            self.timeout_nano,
+        ));
+        write_request(
+            &mut out,
+            &self.service,
+            &self.method,
+            &self.payload,
+            self.timeout_nano,
+        );
         out
     }
 
@@ -311,6 +383,47 @@ mod tests {
             wire = &wire[8 + len..];
         }
         out
+    }
+
+    #[test]
+    fn requests_framed_in_one_buffer_match_the_encoded_body_framed() {
+        for (len, timeout_nano) in [(0, 0), (560, 2_000_000_000), (4_000, 5), (20_000, -1)] {
+            let req = Request {
+                service: "nri.pkg.api.v1alpha1.Plugin".into(),
+                method: "CreateContainer".into(),
+                payload: (0..len).map(|i| i as u8).collect(),
+                timeout_nano,
+            };
+            let body = req.encode();
+            // The same bytes as rust-protobuf's own writer produces.
+            let mut expected = Vec::new();
+            let mut os = CodedOutputStream::vec(&mut expected);
+            os.write_string(1, &req.service).unwrap();
+            os.write_string(2, &req.method).unwrap();
+            os.write_bytes(3, &req.payload).unwrap();
+            if timeout_nano != 0 {
+                os.write_int64(4, timeout_nano).unwrap();
+            }
+            os.flush().unwrap();
+            drop(os);
+            assert_eq!(body, expected, "payload {len}, timeout {timeout_nano}");
+            assert_eq!(
+                body.len(),
+                request_len(&req.service, &req.method, len, timeout_nano)
+            );
+            assert_eq!(Request::decode(&body).unwrap(), req);
+            assert_eq!(
+                frame_request(
+                    1,
+                    7,
+                    (&req.service, &req.method),
+                    &req.payload,
+                    timeout_nano
+                ),
+                frame_message(1, 7, TYPE_REQUEST, &body),
+                "payload {len}, timeout {timeout_nano}"
+            );
+        }
     }
 
     #[test]

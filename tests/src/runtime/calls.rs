@@ -132,12 +132,20 @@ impl FakeRuntime {
 /// Encodes `{pod = 1, container = 2}`, the shape of CreateContainerRequest and the other
 /// per-container requests, straight from the borrowed messages (no copies of them).
 fn encode_pod_container(pod: &PodSandbox, c: &Container) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1024);
-    out.push(0x0A); // field 1, length-delimited
-    // Encoding into a Vec cannot fail.
-    let _ = pod.write_length_delimited_to_vec(&mut out);
-    out.push(0x12); // field 2, length-delimited
-    let _ = c.write_length_delimited_to_vec(&mut out);
+    // Sized exactly, so that a request of a few hundred bytes is one small allocation.
+    let (pod_len, c_len) = (pod.compute_size(), c.compute_size());
+    let field = |n: u64| 1 + protobuf::rt::compute_raw_varint64_size(n) + n;
+    let mut out = Vec::with_capacity((field(pod_len) + field(c_len)) as usize);
+    let mut os = protobuf::CodedOutputStream::vec(&mut out);
+    // Encoding into a Vec cannot fail; the sizes were just computed (and cached) above.
+    let _ = os.write_raw_varint32(0x0A); // field 1, length-delimited
+    let _ = os.write_raw_varint64(pod_len);
+    let _ = pod.write_to_with_cached_sizes(&mut os);
+    let _ = os.write_raw_varint32(0x12); // field 2, length-delimited
+    let _ = os.write_raw_varint64(c_len);
+    let _ = c.write_to_with_cached_sizes(&mut os);
+    let _ = os.flush();
+    drop(os);
     out
 }
 

@@ -331,27 +331,23 @@ impl FakeRuntime {
         payload: Vec<u8>,
         timeout: Duration,
     ) -> Result<A, FakeError> {
-        let body = Request {
-            service: PLUGIN_SERVICE.into(),
-            method: method.into(),
-            payload,
-            timeout_nano: timeout.as_nanos() as i64,
-        }
-        .encode();
-        if body.len() > wire::MAX_BODY {
+        let timeout_nano = timeout.as_nanos() as i64;
+        let len = wire::request_len(PLUGIN_SERVICE, method, payload.len(), timeout_nano);
+        if len > wire::MAX_BODY {
             return Err(FakeError::Wire(format!(
-                "{method} request of {} bytes over 4 MiB",
-                body.len()
+                "{method} request of {len} bytes over 4 MiB"
             )));
         }
         let sid = conn.next_stream.fetch_add(2, Ordering::Relaxed);
+        let framed = wire::frame_request(1, sid, (PLUGIN_SERVICE, method), &payload, timeout_nano);
+        drop(payload);
         let (tx, rx) = oneshot::channel();
         conn.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(sid, tx);
         conn.out
-            .write_all(&wire::frame_message(1, sid, wire::TYPE_REQUEST, &body))
+            .write_all(&framed)
             .await
             .map_err(|_| FakeError::Wire("connection closed".into()))?;
         let resp = match tokio::time::timeout(timeout, rx).await {
