@@ -4,12 +4,16 @@
 //! 1. Floor: a bare ping-pong of a CreateContainer-request-sized message over a unix socket
 //!    between this process and a child process.
 //! 2. CreateContainer round trip: fake runtime (this process) -> mux -> ttrpc -> plugin stub (the
-//!    child `nri-test-plugin`) -> back, with 1,000 containers known to the runtime.
+//!    child `nri-test-plugin`) -> back, with 1,000 containers known to the runtime. The request
+//!    (pod and container) is encoded once and sent with a fresh stream id each time, so the
+//!    runtime's own protobuf encoding is not charged to the plugin; the answer is decoded and
+//!    recorded each time. The same round trip with the request encoded for each call is
+//!    reported next to it.
 //!
 //! 3. Synchronize of 10,000 containers end to end (paged past 4 MiB).
 //!
-//! 1 and 2 are sampled in alternating blocks of 100 (`BLOCK`) so both see the same machine, and each
-//! side's CPU time per round trip is reported with them.
+//! 1 and 2 (both forms) are sampled in alternating blocks of 100 (`BLOCK`) so all see the same
+//! machine, and each side's CPU time per round trip is reported with them.
 #![allow(clippy::print_stdout)]
 
 use std::path::Path;
@@ -175,8 +179,10 @@ pub async fn run(plugin: &Path, dir: &Path, iters: usize) {
     // ttrpc body ~ payload + service/method names; plus 10-byte ttrpc and 8-byte frame headers.
     let size = req.compute_size() as usize + 70 + 18;
     let mut echo = Echo::start(plugin, dir, size).await;
+    let encoded = crate::runtime::EncodedCreate::new(&pd, &ctr);
 
     let (mut fl, mut times) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+    let mut times_full = Vec::with_capacity(iters);
     let mut echo_cpu = CpuMeter::new(echo.child.id().unwrap_or(0));
     let mut plugin_cpu = CpuMeter::new(child.id().unwrap_or(0));
     let warm = iters / 10;
@@ -197,7 +203,7 @@ pub async fn run(plugin: &Path, dir: &Path, iters: usize) {
             .measure(async {
                 for _ in 0..BLOCK {
                     let t = Instant::now();
-                    rt.create_container(&pd, &ctr)
+                    rt.create_container_encoded(&encoded)
                         .await
                         .expect("CreateContainer");
                     if keep {
@@ -206,6 +212,15 @@ pub async fn run(plugin: &Path, dir: &Path, iters: usize) {
                 }
             })
             .await;
+        for _ in 0..BLOCK {
+            let t = Instant::now();
+            rt.create_container(&pd, &ctr)
+                .await
+                .expect("CreateContainer");
+            if keep {
+                times_full.push(t.elapsed());
+            }
+        }
     }
     let rounds = (iters + warm).div_ceil(BLOCK) * BLOCK;
     let (fa, fb) = echo_cpu.per(rounds);
@@ -220,6 +235,12 @@ pub async fn run(plugin: &Path, dir: &Path, iters: usize) {
         "ratio to floor: p50 {:.2}x, p99 {:.2}x",
         c50.as_secs_f64() / f50.as_secs_f64(),
         c99.as_secs_f64() / f99.as_secs_f64()
+    );
+    let (e50, e99) = report("same, request encoded for each call", &mut times_full);
+    println!(
+        "ratio to floor, encoding each call: p50 {:.2}x, p99 {:.2}x",
+        e50.as_secs_f64() / f50.as_secs_f64(),
+        e99.as_secs_f64() / f99.as_secs_f64()
     );
 
     let (pods, containers) = node_state(10_000, 500);

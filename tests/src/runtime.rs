@@ -16,7 +16,7 @@ use crate::wire::Response;
 mod calls;
 mod conn;
 mod socket;
-pub use calls::{encode_sync_chunks, nri_mask_for};
+pub use calls::{EncodedCreate, encode_sync_chunks, nri_mask_for};
 
 const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
 const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
@@ -104,7 +104,8 @@ struct State {
     pods: Vec<PodSandbox>,
     containers: Vec<Container>,
     updates: Vec<UpdateContainersRequest>,
-    adjustments: Vec<(String, ContainerAdjustment)>,
+    /// CreateContainer answers with an adjustment, as received (decoded when asked for).
+    adjustments: Vec<(String, Vec<u8>)>,
     sync_updates: Vec<ContainerUpdate>,
     sync_chunks: Vec<usize>,
     fail_updates: usize,
@@ -115,9 +116,16 @@ struct State {
 struct PluginConn {
     info: Mutex<PluginInfo>,
     out: Arc<socket::PluginSocket>,
-    pending: Mutex<HashMap<u32, oneshot::Sender<Response>>>,
+    /// Calls waiting for their answer: `None` is sent when the deadline passes first.
+    pending: Mutex<HashMap<u32, Waiting>>,
     next_stream: AtomicU32,
     kill: watch::Sender<bool>,
+}
+
+/// A call waiting for its answer until `deadline`.
+struct Waiting {
+    tx: oneshot::Sender<Option<Response>>,
+    deadline: tokio::time::Instant,
 }
 
 struct Inner {
@@ -292,7 +300,16 @@ impl FakeRuntime {
 
     /// CreateContainer adjustments received, by container id.
     pub fn adjustments(&self) -> Vec<(String, ContainerAdjustment)> {
-        self.state().adjustments.clone()
+        self.state()
+            .adjustments
+            .iter()
+            .map(|(id, answer)| {
+                // Recorded only after it decoded once.
+                let resp = nri_proto::protobuf::Message::parse_from_bytes(answer);
+                let resp: CreateContainerResponse = resp.unwrap_or_default();
+                (id.clone(), resp.adjust.unwrap_or_default())
+            })
+            .collect()
     }
 
     /// Updates returned in Synchronize replies (last chunk).

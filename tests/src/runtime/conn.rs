@@ -16,9 +16,13 @@ use super::calls::{encode_sync_chunks, nri_mask_for};
 use super::socket::{FrameReader, PluginSocket};
 use super::{
     CODE_DEADLINE_EXCEEDED, CODE_UNIMPLEMENTED, CODE_UNKNOWN, FakeError, FakeRuntime,
-    PLUGIN_SERVICE, PluginConn, PluginInfo, RUNTIME_SERVICE,
+    PLUGIN_SERVICE, PluginConn, PluginInfo, RUNTIME_SERVICE, Waiting,
 };
 use crate::wire::{self, GoConnReader, Request, Response};
+
+/// How often a connection's watchdog looks for calls past their deadline: a call times out
+/// between its deadline and one tick later.
+const DEADLINE_TICK: Duration = Duration::from_millis(25);
 
 impl FakeRuntime {
     /// Serves one plugin connection.
@@ -50,6 +54,19 @@ impl FakeRuntime {
             };
             sock.shutdown();
             rt.lost(&c, &why);
+        });
+        // The request timeout: one watchdog per connection checks the waiting calls' deadlines.
+        let (rt, c) = (self.clone(), conn.clone());
+        tokio::spawn(async move {
+            let mut killed = c.kill.subscribe();
+            let mut tick = tokio::time::interval(DEADLINE_TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => rt.expire_overdue(&c),
+                    _ = killed.wait_for(|k| *k) => return,
+                }
+            }
         });
         // A plugin that has not registered (and been configured) in time is cut off.
         let rt = self.clone();
@@ -140,8 +157,8 @@ impl FakeRuntime {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&sid);
-        if let Some(tx) = tx {
-            let _ = tx.send(resp);
+        if let Some(w) = tx {
+            let _ = w.tx.send(Some(resp));
         }
         Ok(())
     }
@@ -293,7 +310,8 @@ impl FakeRuntime {
         let mut final_updates = Vec::new();
         for (i, chunk) in chunks.into_iter().enumerate() {
             let left = budget.saturating_sub(started.elapsed());
-            let resp: SynchronizeResponse = self.call_raw(conn, "Synchronize", chunk, left).await?;
+            let resp: SynchronizeResponse =
+                self.call_raw(conn, "Synchronize", &chunk, left).await?;
             let last = i + 1 == n;
             if !last && (!resp.more || !resp.update.is_empty()) {
                 return Err(FakeError::Wire(
@@ -321,16 +339,31 @@ impl FakeRuntime {
         let payload = req
             .write_to_bytes()
             .map_err(|e| FakeError::Wire(e.to_string()))?;
-        self.call_raw(conn, method, payload, timeout).await
+        self.call_raw(conn, method, &payload, timeout).await
     }
 
     pub(super) async fn call_raw<A: Message>(
         &self,
         conn: &Arc<PluginConn>,
         method: &str,
-        payload: Vec<u8>,
+        payload: &[u8],
         timeout: Duration,
     ) -> Result<A, FakeError> {
+        let answer = self.call_bytes(conn, method, payload, timeout).await?;
+        A::parse_from_bytes(&answer)
+            .map_err(|e| FakeError::Wire(format!("bad {method} reply: {e}")))
+    }
+
+    /// Sends one request and returns the encoded answer. The deadline is kept with the waiting
+    /// call and enforced by the connection's watchdog ([`FakeRuntime::expire_overdue`]), rather
+    /// than by a timer per call.
+    pub(super) async fn call_bytes(
+        &self,
+        conn: &Arc<PluginConn>,
+        method: &str,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, FakeError> {
         let timeout_nano = timeout.as_nanos() as i64;
         let len = wire::request_len(PLUGIN_SERVICE, method, payload.len(), timeout_nano);
         if len > wire::MAX_BODY {
@@ -339,25 +372,25 @@ impl FakeRuntime {
             )));
         }
         let sid = conn.next_stream.fetch_add(2, Ordering::Relaxed);
-        let framed = wire::frame_request(1, sid, (PLUGIN_SERVICE, method), &payload, timeout_nano);
-        drop(payload);
+        let framed = wire::frame_request(1, sid, (PLUGIN_SERVICE, method), payload, timeout_nano);
         let (tx, rx) = oneshot::channel();
+        let deadline = tokio::time::Instant::now() + timeout;
         conn.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(sid, tx);
+            .insert(sid, Waiting { tx, deadline });
         conn.out
             .write_all(&framed)
             .await
             .map_err(|_| FakeError::Wire("connection closed".into()))?;
-        let resp = match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => {
+        let resp = match rx.await {
+            Ok(Some(r)) => r,
+            Err(_) => {
                 return Err(FakeError::Wire(format!(
                     "connection closed during {method}"
                 )));
             }
-            Err(_) => {
+            Ok(None) => {
                 let why = format!("{method} timed out");
                 self.lost(conn, &why);
                 return Err(FakeError::Timeout(method.into()));
@@ -379,7 +412,22 @@ impl FakeRuntime {
                 message: resp.message,
             });
         }
-        A::parse_from_bytes(&resp.payload)
-            .map_err(|e| FakeError::Wire(format!("bad {method} reply: {e}")))
+        Ok(resp.payload)
+    }
+
+    /// Tells every call on `conn` whose deadline has passed that it timed out.
+    pub(super) fn expire_overdue(&self, conn: &PluginConn) {
+        let now = tokio::time::Instant::now();
+        let mut pending = conn.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let overdue: Vec<u32> = pending
+            .iter()
+            .filter(|(_, w)| w.deadline <= now)
+            .map(|(sid, _)| *sid)
+            .collect();
+        for sid in overdue {
+            if let Some(w) = pending.remove(&sid) {
+                let _ = w.tx.send(None);
+            }
+        }
     }
 }
