@@ -468,10 +468,8 @@ impl MuxConn {
             return Ok(Next::End);
         };
         self.checked(&data)?;
-        let announced = data
-            .get(..4)
-            .map(|h| u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize);
-        if data.len() >= 10 && announced == Some(data.len() - 10) {
+        let announced = |h: &[u8]| u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        if data.len() >= 10 && announced(&data) == data.len() - 10 {
             return Ok(Next::Whole(data));
         }
         self.pending = data;

@@ -57,20 +57,14 @@ pub(crate) async fn serve<S: Rpc>(conn: MuxConn, service: Arc<S>) {
     loop {
         tokio::select! {
             biased;
-            Some((stream_id, answer, spent)) = running.next(), if !running.is_empty() => {
-                respond(&out, stream_id, &answer);
-                drop(spent);
-            }
+            Some(done) = running.next(), if !running.is_empty() => finish(&out, done),
             msg = requests.next() => match msg {
                 Some((header, body)) => {
                     if let Some(mut p) = dispatch(&service, header, body) {
                         // Most handlers finish without waiting: answer at once, outside the set.
                         // One that waits is polled again, with a real waker, once in the set.
                         match (&mut p).now_or_never() {
-                            Some((stream_id, answer, spent)) => {
-                                respond(&out, stream_id, &answer);
-                                drop(spent);
-                            }
+                            Some(done) => finish(&out, done),
                             None => running.push(p),
                         }
                     }
@@ -89,32 +83,25 @@ pub(crate) async fn serve<S: Rpc>(conn: MuxConn, service: Arc<S>) {
     }
 }
 
+/// Writes a finished request's answer, then frees what the request left.
+fn finish(out: &ConnSender, (stream_id, answer, spent): (u32, Answer, Spent)) {
+    respond(out, stream_id, &answer);
+    drop(spent);
+}
+
 /// A message body: the buffer and where the body starts in it.
 type Body = (Vec<u8>, usize);
 
 /// Reads one message; `None` at end of stream or on a read error (the mux has logged it).
 async fn read_message(conn: &mut MuxConn) -> Option<(MessageHeader, Body)> {
-    let whole = match conn.next_message().await.ok()? {
+    match conn.next_message().await.ok()? {
         Next::End => return None,
-        Next::Whole(buf) => Some(buf),
-        Next::Bytes => None,
-    };
+        Next::Whole(buf) => return Some((header_of(&buf), (buf, HEADER_LEN))),
+        Next::Bytes => {}
+    }
     let mut h = [0u8; HEADER_LEN];
-    match &whole {
-        Some(buf) => h.copy_from_slice(&buf[..HEADER_LEN]),
-        None => {
-            conn.read_exact(&mut h).await.ok()?;
-        }
-    }
-    let header = MessageHeader {
-        length: u32::from_be_bytes([h[0], h[1], h[2], h[3]]),
-        stream_id: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
-        type_: h[8],
-        flags: h[9],
-    };
-    if let Some(buf) = whole {
-        return Some((header, (buf, HEADER_LEN)));
-    }
+    conn.read_exact(&mut h).await.ok()?;
+    let header = header_of(&h);
     // The mux's message guard has already refused bodies over the limit; this keeps the
     // allocation bounded even if it did not.
     if header.length as usize > MAX_BODY {
@@ -123,6 +110,16 @@ async fn read_message(conn: &mut MuxConn) -> Option<(MessageHeader, Body)> {
     let mut body = vec![0u8; header.length as usize];
     conn.read_exact(&mut body).await.ok()?;
     Some((header, (body, 0)))
+}
+
+/// The ttrpc message header at the start of `h` (at least [`HEADER_LEN`] bytes).
+fn header_of(h: &[u8]) -> MessageHeader {
+    MessageHeader {
+        length: u32::from_be_bytes([h[0], h[1], h[2], h[3]]),
+        stream_id: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+        type_: h[8],
+        flags: h[9],
+    }
 }
 
 /// The fields of a ttrpc request envelope, borrowed from its body.

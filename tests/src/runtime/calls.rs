@@ -140,8 +140,6 @@ impl FakeRuntime {
     }
 }
 
-/// Encodes `{pod = 1, container = 2}`, the shape of CreateContainerRequest and the other
-/// per-container requests, straight from the borrowed messages (no copies of them).
 /// A CreateContainer request, encoded (see [`FakeRuntime::create_container_encoded`]).
 pub struct EncodedCreate {
     container_id: String,
@@ -158,6 +156,8 @@ impl EncodedCreate {
     }
 }
 
+/// Encodes `{pod = 1, container = 2}`, the shape of CreateContainerRequest and the other
+/// per-container requests, straight from the borrowed messages (no copies of them).
 fn encode_pod_container(pod: &PodSandbox, c: &Container) -> Vec<u8> {
     // Sized exactly, so that a request of a few hundred bytes is one small allocation.
     let (pod_len, c_len) = (pod.compute_size(), c.compute_size());
