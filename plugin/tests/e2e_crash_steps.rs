@@ -7,8 +7,6 @@
 
 mod e2e_common;
 
-use std::os::unix::process::ExitStatusExt;
-
 use e2e_common::*;
 use nri_accel::claims_api::{ClaimsClient, Family};
 use nri_accel::engine::CRASH_ENV;
@@ -32,15 +30,9 @@ async fn consistent(node: &TestNode, client: &ClaimsClient) -> Vec<String> {
         node.cdi_entries()
     );
     assert_no_unit_granted_twice(&doc);
-    let listed: Vec<String> = client
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.uid)
-        .collect();
-    assert_eq!(listed, records.iter().cloned().collect::<Vec<_>>());
-    listed
+    let listed = list_uids(client).await;
+    assert_eq!(listed, records);
+    listed.into_iter().collect()
 }
 
 /// Dies at `step` during `call` of claim `victim` (a neighbour claim is prepared first and must
@@ -70,18 +62,7 @@ async fn crash_at(step: &str, call: Call, survives: bool) {
             "{step}: the daemon answered {r:?} instead of dying"
         );
     }
-    let st = dying.wait_exit().await;
-    assert_eq!(
-        st.signal(),
-        Some(nix::sys::signal::Signal::SIGABRT as i32),
-        "{step}: {st:?}; log:\n{}",
-        dying.log_text()
-    );
-    assert!(
-        dying.log_text().contains(step),
-        "the log names the step: {}",
-        dying.log_text()
-    );
+    assert_died_at(&mut dying, step).await;
 
     let _daemon = node.spawn(&[]);
     fake.wait_synchronized(2, WAIT).await.expect("synchronized");
@@ -238,14 +219,7 @@ async fn crash_in_release(step: &str, at_sync: bool) {
         );
         fake.forget_container(&c.id);
     }
-    let st = dying.wait_exit().await;
-    assert_eq!(
-        st.signal(),
-        Some(nix::sys::signal::Signal::SIGABRT as i32),
-        "{step}: {st:?}; log:\n{}",
-        dying.log_text()
-    );
-    assert!(dying.log_text().contains(step), "{}", dying.log_text());
+    assert_died_at(&mut dying, step).await;
 
     let since = (fake.sync_updates().len(), fake.updates().len());
     let _daemon = node.spawn(&[]);

@@ -39,13 +39,7 @@ fn older_runtime() -> RuntimeConfig {
 }
 
 async fn start(node: &TestNode) -> (FakeRuntime, DaemonProc) {
-    let fake = FakeRuntime::start_with(&node.nri_socket, older_runtime())
-        .await
-        .expect("fake runtime");
-    let daemon = node.spawn(&[]);
-    fake.wait_synchronized(1, WAIT).await.expect("synchronized");
-    node.client_gate_open().await;
-    (fake, daemon)
+    start_with(node, older_runtime()).await
 }
 
 /// A running container of `pod` with the device node of GPU `minor` (major 195), as a runtime
@@ -234,33 +228,12 @@ async fn containers_on_devices_without_a_record_hold_them_until_the_last_goes() 
     assert!(fake.errors().is_empty(), "{:?}", fake.errors());
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET `path` on the metrics server; (status, body).
-async fn get(addr: SocketAddr, path: &'static str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.ok()?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.split(' ').nth(1)?.parse().ok()?, body.to_string()))
-}
-
 /// What status, /healthz and the gate gauge say: (gate open in status, healthz code, gauge).
 async fn gate_seen(node: &TestNode, addr: SocketAddr) -> (bool, u16, String) {
     let doc = node.status_json().await;
     let open = doc["gate"]["open"].as_bool().expect("gate.open");
-    let (code, _) = get(addr, "/healthz").await.expect("healthz");
-    let (_, metrics) = get(addr, "/metrics").await.expect("metrics");
+    let (code, _) = http_get_async(addr, "/healthz").await.expect("healthz");
+    let (_, metrics) = http_get_async(addr, "/metrics").await.expect("metrics");
     let gauge = metrics
         .lines()
         .find_map(|l| l.strip_prefix("nri_accel_gate_open "))
@@ -302,14 +275,7 @@ async fn a_prepare_between_a_runtime_disconnect_and_the_next_synchronize_is_unav
         .expect_err("unprepare is refused too");
     assert!(err.is_unavailable(), "{err}");
     // Reading is still served.
-    let listed: Vec<String> = client
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.uid)
-        .collect();
-    assert_eq!(listed, vec!["before".to_string()]);
+    assert_eq!(list_uids(&client).await, ["before".to_string()].into());
 
     fake.hold_synchronize(false);
     fake.wait_synchronized(2, WAIT)

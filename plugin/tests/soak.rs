@@ -334,16 +334,7 @@ async fn nri_client(sh: Arc<Shared>, id: u64, seed: u64) {
             n += 1;
             let unclaimed = live.iter().filter(|c| c.unclaimed).count();
             let annotation = unclaimed >= 2 || rng.chance(75);
-            let mut p = PodSandbox::new();
-            p.id = format!("sandbox-{uid}");
-            p.name = uid.clone();
-            p.uid = format!("pod-{uid}");
-            p.namespace = "soak".into();
-            let mut c = Container::new();
-            c.id = format!("ctr-{uid}");
-            c.pod_sandbox_id = p.id.clone();
-            c.name = "main".into();
-            c.state = ContainerState::CONTAINER_RUNNING.into();
+            let (mut p, mut c) = pod_and_container(&uid, &[]);
             let mut linux = LinuxContainer::new();
             if annotation {
                 p.annotations.insert(
