@@ -363,6 +363,8 @@ async fn watch_connection(
     let mut settling: Option<JoinHandle<usize>> = None;
     loop {
         let event = tokio::select! {
+            // Events first: a connection lost while the settling finishes must not open the gate.
+            biased;
             e = events.recv() => e,
             done = async { settling.as_mut().expect("guarded").await }, if settling.is_some() => {
                 settling = None;
