@@ -16,6 +16,7 @@ use crate::bootid::{BootId, ProcBootId};
 use crate::checkpoint::Checkpoint;
 use crate::claims_api::{ClaimsServer, DefaultPeerPolicy, Limits, ServerOptions};
 use crate::config::{CdiConfig, Config};
+use crate::device_health::{HealthMonitor, HealthReport};
 use crate::engine::{CrashHook, Engine, StartupReport, UpdateSink};
 use crate::gate::Gate;
 use crate::metrics::{HealthState, Metrics};
@@ -82,6 +83,7 @@ pub struct Daemon {
     tasks: Vec<JoinHandle<()>>,
     report: StartupReport,
     nri_ended: tokio::sync::watch::Receiver<bool>,
+    device_health: HealthMonitor,
     _lock: NodeLockGuard,
 }
 
@@ -126,6 +128,7 @@ impl Daemon {
             tracing::warn!("discovery: {w}");
         }
         tracing::info!(devices = found.inventory.devices.len(), cpus = %found.inventory.cpus, "inventory");
+        let inventory = found.inventory.clone();
         let node = Node::new(found.inventory, &config.pools, &Registry::with_builtins())?;
 
         std::fs::create_dir_all(&config.state_dir).map_err(|source| {
@@ -270,6 +273,15 @@ impl Daemon {
         }
         let e = engine.clone();
         tasks.push(tokio::spawn(flush_pending_updates(e)));
+        let device_health = match config.discovery.health_check_secs {
+            0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
+            secs => {
+                let (monitor, task) =
+                    HealthMonitor::start(&config.discovery, inventory, Duration::from_secs(secs));
+                tasks.push(task);
+                monitor
+            }
+        };
         refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
@@ -282,6 +294,7 @@ impl Daemon {
             tasks,
             report,
             nri_ended,
+            device_health,
             _lock: guard,
         })
     }
@@ -304,6 +317,11 @@ impl Daemon {
     /// What /healthz reports.
     pub fn health(&self) -> &HealthState {
         &self.health
+    }
+
+    /// The devices' health, re-checked every `discovery.health_check_secs`.
+    pub fn device_health(&self) -> &HealthMonitor {
+        &self.device_health
     }
 
     /// What startup reconciled.
