@@ -762,6 +762,11 @@ impl Engine {
         self.journal.pending_count()
     }
 
+    /// The checkpoint (for status and for failure tests' hooks).
+    pub fn checkpoint(&self) -> &Journal {
+        &self.journal
+    }
+
     /// The spec store's CDI device IDs for a claim, for mapping containers back to claims.
     pub fn spec_store(&self) -> &cdi::SpecStore {
         &self.specs
