@@ -259,7 +259,8 @@ impl Dir {
                 "the directory was removed while nri-accel had it open",
             ));
         }
-        let mut dir = nix::dir::Dir::openat(&self.fd, ".", DIR_FLAGS, Mode::empty()).map_err(errno)?;
+        let mut dir =
+            nix::dir::Dir::openat(&self.fd, ".", DIR_FLAGS, Mode::empty()).map_err(errno)?;
         let mut out = Vec::new();
         for entry in dir.iter() {
             let entry = entry.map_err(errno)?;

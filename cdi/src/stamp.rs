@@ -80,7 +80,10 @@ mod tests {
         };
         let line = s.line();
         assert!(line.len() <= MAX_STAMP_LINE);
-        assert_eq!(Stamp::parse(format!("{line}cdiVersion: 0.3.0\n").as_bytes()), Some(s));
+        assert_eq!(
+            Stamp::parse(format!("{line}cdiVersion: 0.3.0\n").as_bytes()),
+            Some(s)
+        );
         for bad in [
             "# nri-accel commit 42 boot 6f1c",
             "# nri-accel commit -1 boot b\n",

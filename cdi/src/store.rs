@@ -369,7 +369,9 @@ impl SpecStore {
                 let is_file = self
                     .dir
                     .stat(name)
-                    .map_err(|e| CdiError::io("stat CDI directory entry", self.dir.display(name), e))?
+                    .map_err(|e| {
+                        CdiError::io("stat CDI directory entry", self.dir.display(name), e)
+                    })?
                     .is_some_and(|st| {
                         nix::sys::stat::SFlag::from_bits_truncate(st.st_mode)
                             & nix::sys::stat::SFlag::S_IFMT

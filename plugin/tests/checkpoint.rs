@@ -438,7 +438,10 @@ fn commits_are_numbered_across_compactions_and_records_keep_their_commit() {
     let (cp, report) = Cp::open(tmp.path(), "another-boot").unwrap();
     assert_eq!(report.dropped_records, 20);
     assert_eq!(cp.high_water(), 20);
-    assert_eq!(cp.commit(vec![Change::DeleteRecord("x".into())]).unwrap(), 21);
+    assert_eq!(
+        cp.commit(vec![Change::DeleteRecord("x".into())]).unwrap(),
+        21
+    );
 }
 
 #[test]
@@ -459,7 +462,10 @@ fn a_missing_commit_in_the_middle_of_the_log_is_corruption() {
     fs::write(&wal, &holed).unwrap();
     let err = Cp::open(tmp.path(), BOOT).unwrap_err();
     assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
-    assert!(err.to_string().contains("commit 3 where commit 2 belongs"), "{err}");
+    assert!(
+        err.to_string().contains("commit 3 where commit 2 belongs"),
+        "{err}"
+    );
     assert_eq!(fs::read(&wal).unwrap(), holed, "nothing changed");
 }
 
@@ -485,7 +491,10 @@ fn version_1_files_are_read_and_rewritten_in_the_current_version() {
         out.extend_from_slice(payload.as_bytes());
     };
     let mut snap = header(b"NRIACSNP");
-    entry(r#"{"Record":["claim-a",{"devices":["gpu0"],"units":1}]}"#, &mut snap);
+    entry(
+        r#"{"Record":["claim-a",{"devices":["gpu0"],"units":1}]}"#,
+        &mut snap,
+    );
     entry(r#"{"End":{"records":1,"pending":0}}"#, &mut snap);
     let mut wal = header(b"NRIACWAL");
     entry(
@@ -498,9 +507,17 @@ fn version_1_files_are_read_and_rewritten_in_the_current_version() {
     assert_eq!(report.upgraded_from, Some(1));
     assert_eq!(cp.record_count(), 2);
     assert_eq!(cp.high_water(), 1);
-    assert_eq!(cp.commit(vec![Change::DeleteRecord("claim-a".into())]).unwrap(), 2);
+    assert_eq!(
+        cp.commit(vec![Change::DeleteRecord("claim-a".into())])
+            .unwrap(),
+        2
+    );
     drop(cp);
-    let version = u32::from_le_bytes(fs::read(tmp.path().join(WAL_FILE)).unwrap()[8..12].try_into().unwrap());
+    let version = u32::from_le_bytes(
+        fs::read(tmp.path().join(WAL_FILE)).unwrap()[8..12]
+            .try_into()
+            .unwrap(),
+    );
     assert_eq!(version, nri_accel::checkpoint::FORMAT_VERSION);
     let (cp, report) = open(tmp.path());
     assert_eq!(report.upgraded_from, None);

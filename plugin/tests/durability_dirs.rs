@@ -61,8 +61,14 @@ fn a_cdi_dir_or_checkpoint_dir_that_is_a_symlink_is_refused_with_a_message() {
     .unwrap_err();
     assert!(err.to_string().contains("CDI spec dir"), "{err}");
     assert!(err.to_string().contains("symbolic link"), "{err}");
-    assert!(!tmp.path().join("state").exists(), "a refused start creates nothing");
-    assert!(!tmp.path().join("sock").exists(), "a refused start creates nothing");
+    assert!(
+        !tmp.path().join("state").exists(),
+        "a refused start creates nothing"
+    );
+    assert!(
+        !tmp.path().join("sock").exists(),
+        "a refused start creates nothing"
+    );
 }
 
 #[tokio::test]

@@ -108,11 +108,20 @@ fn start_after(
     };
     match Engine::start(node(DEVICES, 0), journal, store(&d), None) {
         Ok((engine, _)) => {
-            let restored: BTreeSet<String> =
-                engine.claims().into_iter().map(|(a, _)| a.claim_uid).collect();
-            assert_eq!(&restored, held, "{what}: every acknowledged grant is intact");
+            let restored: BTreeSet<String> = engine
+                .claims()
+                .into_iter()
+                .map(|(a, _)| a.claim_uid)
+                .collect();
+            assert_eq!(
+                &restored, held,
+                "{what}: every acknowledged grant is intact"
+            );
             let specs: BTreeSet<String> = spec_uids(&d).into_iter().collect();
-            assert_eq!(&specs, held, "{what}: the specs of acknowledged claims stay");
+            assert_eq!(
+                &specs, held,
+                "{what}: the specs of acknowledged claims stay"
+            );
             false
         }
         Err(e) => {
@@ -230,16 +239,26 @@ async fn a_snapshot_from_before_the_last_claims_never_loses_a_grant() {
     let held: BTreeSet<String> = spec_uids(&populated).into_iter().collect();
     for (i, old) in saved.iter().enumerate().take(HELD - 1) {
         // Both files from before the last claims.
-        assert!(start_after(&populated, &held, &format!("state after claim {i}"), |d| {
-            for (rel, bytes) in old {
-                std::fs::write(d.state.join("checkpoint").join(rel), bytes).unwrap();
+        assert!(start_after(
+            &populated,
+            &held,
+            &format!("state after claim {i}"),
+            |d| {
+                for (rel, bytes) in old {
+                    std::fs::write(d.state.join("checkpoint").join(rel), bytes).unwrap();
+                }
             }
-        }));
+        ));
         // Only the snapshot from before (the log is the current one).
         let snap = old.get(Path::new("snapshot")).unwrap().clone();
-        start_after(&populated, &held, &format!("snapshot after claim {i}"), |d| {
-            std::fs::write(d.state.join("checkpoint/snapshot"), &snap).unwrap();
-        });
+        start_after(
+            &populated,
+            &held,
+            &format!("snapshot after claim {i}"),
+            |d| {
+                std::fs::write(d.state.join("checkpoint/snapshot"), &snap).unwrap();
+            },
+        );
     }
 }
 
@@ -255,8 +274,8 @@ async fn a_torn_last_entry_from_a_crash_still_starts_and_says_how_much_was_cut()
     let mut torn = bytes.clone();
     torn.extend_from_slice(&last[..last.len() / 2]);
     std::fs::write(&wal, &torn).unwrap();
-    let loaded = Checkpoint::<ClaimRecord, PendingUpdate>::load(&d.state.join("checkpoint"), BOOT)
-        .unwrap();
+    let loaded =
+        Checkpoint::<ClaimRecord, PendingUpdate>::load(&d.state.join("checkpoint"), BOOT).unwrap();
     let t = loaded.report().torn_tail.clone().expect("torn tail found");
     assert_eq!(t.bytes, (last.len() / 2) as u64);
     assert_eq!(t.entries, 1);
@@ -264,16 +283,28 @@ async fn a_torn_last_entry_from_a_crash_still_starts_and_says_how_much_was_cut()
     // Loading changed nothing; starting cuts it and keeps every grant.
     assert_eq!(std::fs::read(&wal).unwrap(), torn);
     let (engine, _) = Engine::start(node(DEVICES, 0), loaded, store(&d), None).unwrap();
-    let restored: BTreeSet<String> = engine.claims().into_iter().map(|(a, _)| a.claim_uid).collect();
+    let restored: BTreeSet<String> = engine
+        .claims()
+        .into_iter()
+        .map(|(a, _)| a.claim_uid)
+        .collect();
     assert_eq!(restored, held);
-    assert_eq!(std::fs::read(&wal).unwrap(), bytes, "the torn bytes were cut");
+    assert_eq!(
+        std::fs::read(&wal).unwrap(),
+        bytes,
+        "the torn bytes were cut"
+    );
 }
 
 #[tokio::test]
 async fn a_lost_checkpoint_refuses_and_moving_the_named_specs_aside_is_the_way_out() {
     let d = dirs();
     let held = populate(&d, CheckpointOptions::default()).await;
-    std::fs::rename(d.state.join("checkpoint"), d.state.join("checkpoint.corrupt")).unwrap();
+    std::fs::rename(
+        d.state.join("checkpoint"),
+        d.state.join("checkpoint.corrupt"),
+    )
+    .unwrap();
     let err = open_with(&d, DEVICES, 0, None).err().expect("refused");
     assert!(err.to_string().contains("the checkpoint is empty"), "{err}");
     assert!(!d.state.join("checkpoint").exists(), "nothing created");

@@ -95,15 +95,26 @@ async fn changed_asks_foreign_drivers_and_stray_share_ids_are_refused_per_claim(
     );
     let e = refused(&client, count_claim("idem", Family::Shared, None)).await;
     assert!(e.contains("idem") && e.contains("shared"), "{e}");
-    let e = refused(&client, named("other", &[("other.driver.io", "whole-gpu1", None)])).await;
+    let e = refused(
+        &client,
+        named("other", &[("other.driver.io", "whole-gpu1", None)]),
+    )
+    .await;
     assert!(
         e.contains("other") && e.contains("other.driver.io") && e.contains(ours),
         "{e}"
     );
     let e = refused(&client, named("sid", &[(ours, "whole-gpu1", Some("s-1"))])).await;
-    assert!(e.contains("sid") && e.contains("whole-gpu1") && e.contains("not shared"), "{e}");
+    assert!(
+        e.contains("sid") && e.contains("whole-gpu1") && e.contains("not shared"),
+        "{e}"
+    );
     let after = snapshot(&dirs);
-    assert_eq!(checksum(&before), checksum(&after), "refusals wrote nothing");
+    assert_eq!(
+        checksum(&before),
+        checksum(&after),
+        "refusals wrote nothing"
+    );
     assert_eq!(before, after);
 
     // The same ask again is the same grant; a share id on a shared device is taken and echoed.
@@ -119,7 +130,9 @@ async fn changed_asks_foreign_drivers_and_stray_share_ids_are_refused_per_claim(
     // After a restart the recorded ask still decides.
     daemon.terminate().await;
     let _daemon = node.spawn(&[]);
-    fake.wait_synchronized(2, WAIT).await.expect("synchronized again");
+    fake.wait_synchronized(2, WAIT)
+        .await
+        .expect("synchronized again");
     let client = node.client_gate_open().await;
     let e = refused(&client, named("idem", &[(ours, "whole-gpu1", None)])).await;
     assert!(e.contains("whole-gpu0") && e.contains("whole-gpu1"), "{e}");
@@ -172,7 +185,10 @@ async fn read_only_commands_leave_the_state_and_cdi_dirs_byte_identical() {
     .unwrap();
     read_only_commands_change_nothing(&node, "daemon running").await;
     let (st, out, _) = node.cli(&["reconcile", "--dry-run"]).await;
-    assert!(st.success() && out.contains("prepared (record + spec): 2"), "{out}");
+    assert!(
+        st.success() && out.contains("prepared (record + spec): 2"),
+        "{out}"
+    );
 
     daemon.terminate().await;
     // A torn tail in the log (a crash during a commit) and the boot of the checkpoint: a

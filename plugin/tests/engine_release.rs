@@ -37,9 +37,7 @@ async fn a_failed_release_commit_changes_nothing_durable_and_stops_later_commits
     let d = dirs();
     let engine = setup(&d).await;
     let pending_before = engine.checkpoint().pending();
-    engine
-        .checkpoint()
-        .set_fault_hook(Some(fail_append(0)));
+    engine.checkpoint().set_fault_hook(Some(fail_append(0)));
     let err = engine.unprepare("victim").await.unwrap_err();
     assert!(matches!(err, EngineError::Checkpoint { .. }), "{err}");
     // Nothing durable changed: the record is there, the pending updates are those of before.
@@ -52,7 +50,11 @@ async fn a_failed_release_commit_changes_nothing_durable_and_stops_later_commits
     assert!(err.to_string().contains("refuses commits"), "{err}");
     drop(engine);
     let (engine, _) = open_with(&d, 2, 2, None).unwrap();
-    let held: Vec<String> = engine.claims().into_iter().map(|(a, _)| a.claim_uid).collect();
+    let held: Vec<String> = engine
+        .claims()
+        .into_iter()
+        .map(|(a, _)| a.claim_uid)
+        .collect();
     assert_eq!(held, vec!["victim"], "the durable state: still held");
     assert_eq!(engine.checkpoint().pending(), pending_before);
     // The retry releases it, with its update, in one commit.
@@ -73,9 +75,7 @@ async fn a_commit_failure_right_after_the_release_loses_none_of_its_updates() {
     let d = dirs();
     let engine = setup(&d).await;
     // The release commits; the next commit (whatever it is) fails.
-    engine
-        .checkpoint()
-        .set_fault_hook(Some(fail_append(1)));
+    engine.checkpoint().set_fault_hook(Some(fail_append(1)));
     engine.unprepare("victim").await.unwrap();
     let _ = engine.prepare(claim_for("next", "gpu1")).await;
     drop(engine);
@@ -84,6 +84,12 @@ async fn a_commit_failure_right_after_the_release_loses_none_of_its_updates() {
     let (engine, _) = open_with(&d, 2, 2, None).unwrap();
     assert!(engine.claims().is_empty());
     let pending = engine.checkpoint().pending();
-    let update = pending.get("ctr-shared").expect("the release's update survived");
-    assert_eq!(update.cpus.to_string(), "0-7", "the whole shared pool again");
+    let update = pending
+        .get("ctr-shared")
+        .expect("the release's update survived");
+    assert_eq!(
+        update.cpus.to_string(),
+        "0-7",
+        "the whole shared pool again"
+    );
 }

@@ -128,7 +128,11 @@ fn replay(log: &[Entry]) -> BTreeMap<Claim, (u8, u64)> {
 }
 
 /// The engine's plan over the model's records and specs.
-fn decide(records: &BTreeMap<Claim, u64>, specs: &BTreeMap<Claim, (u8, u64)>, hwm: u64) -> nri_accel::engine::Plan {
+fn decide(
+    records: &BTreeMap<Claim, u64>,
+    specs: &BTreeMap<Claim, (u8, u64)>,
+    hwm: u64,
+) -> nri_accel::engine::Plan {
     let recs: BTreeMap<String, u64> = records.iter().map(|(c, s)| (c.uid(), *s)).collect();
     let files: Vec<SpecFile> = specs
         .iter()
@@ -204,7 +208,8 @@ impl Model for Protocol {
             } else {
                 if s.synced && s.prepares_left > 0 {
                     for c in 0..CLAIMS as u8 {
-                        if !s.held.contains_key(&Claim::Dra(c)) && !s.acked.contains(&Claim::Dra(c)) {
+                        if !s.held.contains_key(&Claim::Dra(c)) && !s.acked.contains(&Claim::Dra(c))
+                        {
                             actions.push(Action::Prepare(c));
                         }
                     }
@@ -309,7 +314,10 @@ impl Model for Protocol {
                     .map(|(c, (_, seq))| (c, seq))
                     .collect();
                 let p = decide(&records, &s.specs, s.log.len() as u64);
-                assert!(p.unproven.is_empty(), "a running daemon never proves its own loss");
+                assert!(
+                    p.unproven.is_empty(),
+                    "a running daemon never proves its own loss"
+                );
                 for uid in p.roll_back {
                     let c = claim_by_uid(&uid);
                     if s.held.remove(&c).is_some() {
@@ -406,45 +414,60 @@ impl Model for Protocol {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("no device held by two live grants", |_: &Protocol, s: &State| {
-                if !s.alive {
-                    // While down nothing is granted; what restart does is checked when it runs.
-                    return true;
-                }
-                // A grant is named by the claim whose spec a container uses: an adopted claim
-                // stands for its container's grant, so two containers of one claim are one grant.
-                let grant = |c: &Claim| match c {
-                    Claim::Adopted(k) => s.containers.get(k).map_or(*c, |(g, _)| *g),
-                    other => *other,
-                };
-                let mut holders: BTreeMap<u8, BTreeSet<Claim>> = BTreeMap::new();
-                for (c, d) in &s.held {
-                    holders.entry(*d).or_default().insert(grant(c));
-                }
-                for (c, d) in s.containers.values() {
-                    holders.entry(*d).or_default().insert(*c);
-                }
-                holders.values().all(|h| h.len() <= 1)
-            }),
-            Property::always("every acknowledged prepare survives or startup refuses", |_: &Protocol, s: &State| {
-                !s.alive
-                    || s
-                        .acked
+            Property::always(
+                "no device held by two live grants",
+                |_: &Protocol, s: &State| {
+                    if !s.alive {
+                        // While down nothing is granted; what restart does is checked when it runs.
+                        return true;
+                    }
+                    // A grant is named by the claim whose spec a container uses: an adopted claim
+                    // stands for its container's grant, so two containers of one claim are one grant.
+                    let grant = |c: &Claim| match c {
+                        Claim::Adopted(k) => s.containers.get(k).map_or(*c, |(g, _)| *g),
+                        other => *other,
+                    };
+                    let mut holders: BTreeMap<u8, BTreeSet<Claim>> = BTreeMap::new();
+                    for (c, d) in &s.held {
+                        holders.entry(*d).or_default().insert(grant(c));
+                    }
+                    for (c, d) in s.containers.values() {
+                        holders.entry(*d).or_default().insert(*c);
+                    }
+                    holders.values().all(|h| h.len() <= 1)
+                },
+            ),
+            Property::always(
+                "every acknowledged prepare survives or startup refuses",
+                |_: &Protocol, s: &State| {
+                    !s.alive
+                        || s.acked
+                            .iter()
+                            .all(|c| s.releasing.contains(c) || s.held.contains_key(c))
+                },
+            ),
+            Property::always(
+                "no spec of an acknowledged claim is deleted",
+                |_: &Protocol, s: &State| {
+                    s.acked
                         .iter()
-                        .all(|c| s.releasing.contains(c) || s.held.contains_key(c))
-            }),
-            Property::always("no spec of an acknowledged claim is deleted", |_: &Protocol, s: &State| {
-                s.acked
-                    .iter()
-                    .all(|c| s.releasing.contains(c) || s.specs.contains_key(c))
-            }),
-            Property::sometimes("a lost entry makes startup refuse", |_: &Protocol, s: &State| s.refused),
-            Property::sometimes("a container's device is adopted", |_: &Protocol, s: &State| {
-                s.alive && s.held.keys().any(|c| matches!(c, Claim::Adopted(_)))
-            }),
-            Property::sometimes("a claim is acknowledged after a restart", |_: &Protocol, s: &State| {
-                s.alive && s.crashes_left == 0 && !s.acked.is_empty()
-            }),
+                        .all(|c| s.releasing.contains(c) || s.specs.contains_key(c))
+                },
+            ),
+            Property::sometimes(
+                "a lost entry makes startup refuse",
+                |_: &Protocol, s: &State| s.refused,
+            ),
+            Property::sometimes(
+                "a container's device is adopted",
+                |_: &Protocol, s: &State| {
+                    s.alive && s.held.keys().any(|c| matches!(c, Claim::Adopted(_)))
+                },
+            ),
+            Property::sometimes(
+                "a claim is acknowledged after a restart",
+                |_: &Protocol, s: &State| s.alive && s.crashes_left == 0 && !s.acked.is_empty(),
+            ),
         ]
     }
 }

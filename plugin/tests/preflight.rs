@@ -231,7 +231,10 @@ fn a_state_or_cdi_dir_that_is_a_symlink_is_refused_and_a_link_above_is_fine() {
     let failed = run(&paths).unwrap_err();
     assert_eq!(failed.problems.len(), 1, "{failed}");
     let msg = failed.problems[0].to_string();
-    assert!(msg.contains("state dir") && msg.contains("symbolic link"), "{msg}");
+    assert!(
+        msg.contains("state dir") && msg.contains("symbolic link"),
+        "{msg}"
+    );
     assert!(msg.contains(&real.display().to_string()), "{msg}");
     assert!(!tmp.path().join("cdi").exists(), "nothing created");
 }

@@ -22,7 +22,11 @@ use super::{
 pub(super) enum SnapshotEntryRef<'a, R, U> {
     Record(&'a str, u64, &'a R),
     Pending(&'a str, &'a U),
-    End { records: u64, pending: u64, seq: u64 },
+    End {
+        records: u64,
+        pending: u64,
+        seq: u64,
+    },
 }
 
 /// Bytes a log entry's payload adds around the changes: `{"seq":<u64>,"changes":` and `}`.

@@ -53,11 +53,7 @@ pub(crate) fn read_bounded(dir: &Dir, name: &str) -> Result<Option<Vec<u8>>, Che
 /// Creates (or replaces) `name` in `dir` with `bytes`, mode 0600, and syncs it.
 /// The returned handle is open for reading and writing.
 pub(crate) fn write_synced(dir: &Dir, name: &str, bytes: &[u8]) -> io::Result<File> {
-    let mut file = dir.open_file(
-        name,
-        OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_TRUNC,
-        0o600,
-    )?;
+    let mut file = dir.open_file(name, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_TRUNC, 0o600)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     Ok(file)

@@ -23,7 +23,11 @@ use super::{
 enum SnapshotEntry<R, U> {
     Record(String, u64, R),
     Pending(String, U),
-    End { records: u64, pending: u64, seq: u64 },
+    End {
+        records: u64,
+        pending: u64,
+        seq: u64,
+    },
 }
 
 /// An entry of a version 1 snapshot (no sequence numbers), as read.
@@ -152,9 +156,7 @@ fn load_snapshot<R: Payload, U: Payload>(
                         ),
                     ));
                 }
-                if let Some((uid, (newer, _))) =
-                    state.records.iter().find(|(_, (s, _))| *s > seq)
-                {
+                if let Some((uid, (newer, _))) = state.records.iter().find(|(_, (s, _))| *s > seq) {
                     return Err(errors.corrupt(
                         name,
                         format!(
@@ -168,10 +170,7 @@ fn load_snapshot<R: Payload, U: Payload>(
         }
     }
     if !ended {
-        return Err(errors.corrupt(
-            name,
-            "it has no end marker (it was cut short)".into(),
-        ));
+        return Err(errors.corrupt(name, "it has no end marker (it was cut short)".into()));
     }
     Ok(header)
 }
@@ -382,6 +381,13 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
             snapshot_len: snap_bytes.as_ref().map_or(0, |b| b.len() as u64),
             temps,
         };
-        Ok(Loaded::new(Ok(dir), boot_id, state, report, history, repair))
+        Ok(Loaded::new(
+            Ok(dir),
+            boot_id,
+            state,
+            report,
+            history,
+            repair,
+        ))
     }
 }

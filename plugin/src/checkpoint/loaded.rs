@@ -11,9 +11,7 @@ use nix::fcntl::OFlag;
 use super::commit::install_generation;
 use super::error::CheckpointError;
 use super::format::{FORMAT_VERSION, Header};
-use super::{
-    Checkpoint, CheckpointOptions, OpenReport, Payload, Queue, State, WAL_FILE, Wal,
-};
+use super::{Checkpoint, CheckpointOptions, OpenReport, Payload, Queue, State, WAL_FILE, Wal};
 
 /// What the checkpoint's files prove about the commits made: every commit of the boot
 /// `boot_id` numbered up to `seq` is in them. A commit stamp of that boot with a higher number,
@@ -96,7 +94,14 @@ impl<R: Payload, U: Payload> Loaded<R, U> {
             boot_id: None,
             seq: 0,
         };
-        Self::new(dir, boot_id, State::default(), report, history, Repair::default())
+        Self::new(
+            dir,
+            boot_id,
+            State::default(),
+            report,
+            history,
+            Repair::default(),
+        )
     }
 
     /// The records as they will be after open (none after a reboot), with the sequence number

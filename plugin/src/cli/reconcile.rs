@@ -86,7 +86,8 @@ pub async fn run(config: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
     let boot_id = ProcBootId::new().boot_id().context("reading the boot id")?;
     let journal = Checkpoint::<ClaimRecord, PendingUpdate>::load(&checkpoint_dir(&cfg), &boot_id)
         .context("loading the checkpoint")?;
-    let store = cdi::SpecStore::open(store_config(&cfg.cdi)).context("opening the CDI spec store")?;
+    let store =
+        cdi::SpecStore::open(store_config(&cfg.cdi)).context("opening the CDI spec store")?;
     let found = crate::discovery::discover_root(&cfg.discovery)?;
     let node = policies::Node::new(
         found.inventory,

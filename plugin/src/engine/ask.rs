@@ -163,7 +163,11 @@ mod tests {
     fn same_only_when_equal_or_derivable() {
         let a = allocation("gpus-gpu0");
         assert!(same_ask(Some(&named("gpus-gpu0")), &a, &named("gpus-gpu0")));
-        assert!(!same_ask(Some(&named("gpus-gpu0")), &a, &named("gpus-gpu1")));
+        assert!(!same_ask(
+            Some(&named("gpus-gpu0")),
+            &a,
+            &named("gpus-gpu1")
+        ));
         assert!(!same_ask(Some(&named("gpus-gpu0")), &a, &count(1)));
         assert!(!same_ask(Some(&count(1)), &a, &count(2)));
         // A record without an ask compares named asks with its results.

@@ -34,10 +34,10 @@ use serde::Serialize;
 
 use crate::checkpoint::{Change, Checkpoint, CheckpointOptions, Loaded};
 
+pub use ask::{ResultRef, check_results, describe, describe_held, same_ask};
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use error::EngineError;
-pub use ask::{ResultRef, check_results, describe, describe_held, same_ask};
 pub use pending::UpdateSink;
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{ClaimRecord, Origin, PendingUpdate};
@@ -108,10 +108,7 @@ pub struct Engine {
 
 /// The startup reconciliation of a loaded checkpoint and the spec files, decided before
 /// anything is written: the plan, or the refusal when a spec proves a lost commit.
-pub fn startup_plan(
-    loaded: &LoadedJournal,
-    specs: &cdi::SpecStore,
-) -> Result<Plan, EngineError> {
+pub fn startup_plan(loaded: &LoadedJournal, specs: &cdi::SpecStore) -> Result<Plan, EngineError> {
     let listed = specs.list_stamped().map_err(|source| EngineError::Spec {
         claim: "startup".into(),
         source,
@@ -130,7 +127,12 @@ pub fn startup_plan(
 }
 
 /// The startup refusal for a plan with unproven specs.
-fn lost_history(plan: &Plan, loaded: &LoadedJournal, specs: &cdi::SpecStore, dir: &std::path::Path) -> EngineError {
+fn lost_history(
+    plan: &Plan,
+    loaded: &LoadedJournal,
+    specs: &cdi::SpecStore,
+    dir: &std::path::Path,
+) -> EngineError {
     let mut files: Vec<String> = plan
         .unproven
         .iter()
@@ -189,12 +191,13 @@ impl Engine {
         if !plan.unproven.is_empty() {
             return Err(lost_history(&plan, &loaded, &specs, loaded.dir()));
         }
-        let (journal, _opened) = loaded
-            .open(options)
-            .map_err(|source| EngineError::Checkpoint {
-                claim: "startup".into(),
-                source,
-            })?;
+        let (journal, _opened) =
+            loaded
+                .open(options)
+                .map_err(|source| EngineError::Checkpoint {
+                    claim: "startup".into(),
+                    source,
+                })?;
         let records = journal.records();
         if !plan.roll_back.is_empty() {
             let changes = plan
@@ -506,8 +509,9 @@ impl Engine {
                 Ok(t) => (t, updates),
                 Err(e) => {
                     // Memory is ahead of the disk now: no later commit may land.
-                    self.journal
-                        .poison(format!("the release of claim {uid} could not be queued: {e}"));
+                    self.journal.poison(format!(
+                        "the release of claim {uid} could not be queued: {e}"
+                    ));
                     return Err(checkpoint_error(e));
                 }
             }

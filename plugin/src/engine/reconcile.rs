@@ -215,7 +215,10 @@ mod tests {
         assert_eq!(p.remove_specs, vec!["stale", "orphan", "reboot"]);
         let unproven: Vec<&str> = p.unproven.iter().map(|u| u.uid.as_str()).collect();
         assert_eq!(unproven, vec!["newer", "lost", "unstamped"]);
-        assert!(p.unproven[1].why.contains("commit 9") && p.unproven[1].why.contains("ends at commit 8"));
+        assert!(
+            p.unproven[1].why.contains("commit 9")
+                && p.unproven[1].why.contains("ends at commit 8")
+        );
     }
 
     #[test]
@@ -225,12 +228,22 @@ mod tests {
             boot_id: Some("b0".into()),
             seq: 50,
         };
-        assert_eq!(plan(&BTreeMap::new(), &specs, &other, BOOT).unproven.len(), 1);
+        assert_eq!(
+            plan(&BTreeMap::new(), &specs, &other, BOOT).unproven.len(),
+            1
+        );
         let none = History {
             boot_id: None,
             seq: 0,
         };
-        assert_eq!(plan(&BTreeMap::new(), &specs, &none, BOOT).unproven.len(), 1);
-        assert!(plan(&BTreeMap::new(), &specs, &history(1), BOOT).unproven.is_empty());
+        assert_eq!(
+            plan(&BTreeMap::new(), &specs, &none, BOOT).unproven.len(),
+            1
+        );
+        assert!(
+            plan(&BTreeMap::new(), &specs, &history(1), BOOT)
+                .unproven
+                .is_empty()
+        );
     }
 }
