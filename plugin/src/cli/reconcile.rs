@@ -154,11 +154,10 @@ async fn dry(cfg: &crate::config::Config) -> anyhow::Result<ExitCode> {
     print_load_notes(&loaded);
     let plan = match &store {
         Some(s) => crate::engine::startup_plan(&loaded, s)?,
-        None => {
-            let mut plan = Plan::default();
-            plan.roll_back = loaded.records().map(|(uid, _, _)| uid.clone()).collect();
-            plan
-        }
+        None => Plan {
+            roll_back: loaded.records().map(|(uid, _, _)| uid.clone()).collect(),
+            ..Plan::default()
+        },
     };
     print_plan(&plan, false);
     drop(guard);

@@ -102,8 +102,7 @@ pub fn check_results(
         if r.driver != driver_name {
             return Err(EngineError::ForeignDriver {
                 claim: uid.to_string(),
-                request: r.request.to_string(),
-                device: r.device.to_string(),
+                result: format!("request {} (device {})", r.request, r.device),
                 driver: r.driver.to_string(),
                 ours: driver_name.to_string(),
             });

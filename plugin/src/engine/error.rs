@@ -73,15 +73,13 @@ pub enum EngineError {
     },
     /// A DRA result names another driver.
     #[error(
-        "claim {claim} refused: the result for request {request} (device {device}) is for driver {driver}, and this node serves {ours} (dra.driver_name); nothing was prepared"
+        "claim {claim} refused: the result for {result} is for driver {driver}, and this node serves {ours} (dra.driver_name); nothing was prepared"
     )]
     ForeignDriver {
         /// The claim.
         claim: String,
-        /// The request the result answers.
-        request: String,
-        /// The device named.
-        device: String,
+        /// The result: `request <request> (device <device>)`.
+        result: String,
         /// The driver named.
         driver: String,
         /// The configured driver name.

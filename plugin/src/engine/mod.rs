@@ -786,7 +786,7 @@ fn pending_changes(
 ) -> Vec<Change<ClaimRecord, PendingUpdate>> {
     updates
         .iter()
-        .filter(|u| !current.get(&u.container_id).is_some_and(|p| p.seq > seq))
+        .filter(|u| current.get(&u.container_id).is_none_or(|p| p.seq <= seq))
         .map(|u| {
             Change::PutPending(
                 u.container_id.clone(),
