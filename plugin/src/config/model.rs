@@ -35,6 +35,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Logging.
     pub log: LogConfig,
+    /// The DRA driver nri-accel is.
+    pub dra: DraConfig,
 }
 
 impl Default for Config {
@@ -55,6 +57,24 @@ impl Default for Config {
             annotations: AnnotationsConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
+            dra: DraConfig::default(),
+        }
+    }
+}
+
+/// The DRA driver nri-accel is (`dra:`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DraConfig {
+    /// The DRA driver name (a DNS subdomain of at most 63 characters). Claims-API results
+    /// naming another driver are refused per claim.
+    pub driver_name: String,
+}
+
+impl Default for DraConfig {
+    fn default() -> Self {
+        DraConfig {
+            driver_name: "accel.nri.io".to_string(),
         }
     }
 }

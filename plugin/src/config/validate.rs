@@ -90,6 +90,22 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             ),
         )?;
     }
+    let driver = &cfg.dra.driver_name;
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if driver.len() > 63 || !driver.split('.').all(label_ok) {
+        fail(
+            vec![Key("dra"), Key("driver_name")],
+            format!(
+                "DRA driver name {driver:?} must be a DNS subdomain of at most 63 characters ([a-z0-9-] labels separated by dots)"
+            ),
+        )?;
+    }
     if let Some(addr) = cfg.metrics.listen
         && !addr.ip().is_loopback()
     {
