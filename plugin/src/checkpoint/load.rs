@@ -218,7 +218,7 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
                         errors.corrupt(
                             &wal_path,
                             format!(
-                                "at byte {}: {} (not a torn tail: entries follow it)",
+                                "at byte {}: {}",
                                 d.offset, d.reason
                             ),
                         )

@@ -33,7 +33,11 @@ fn print_plan(plan: &Plan, done: bool) {
 }
 
 /// Shows (or, with the daemon stopped, performs) the reconciliation.
-pub async fn run(config: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    config: &Path,
+    dry_run: bool,
+    registry: &policies::Registry,
+) -> anyhow::Result<ExitCode> {
     let cfg = super::load_config(config)?;
     let store =
         cdi::SpecStore::open(store_config(&cfg.cdi)).context("opening the CDI spec store")?;
@@ -70,12 +74,7 @@ pub async fn run(config: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
     let (journal, _) =
         Checkpoint::<ClaimRecord, PendingUpdate>::open(&checkpoint_dir(&cfg), &boot_id)
             .context("opening the checkpoint")?;
-    let found = crate::discovery::discover_root(&cfg.discovery)?;
-    let node = policies::Node::new(
-        found.inventory,
-        &cfg.pools,
-        &policies::Registry::with_builtins(),
-    )?;
+    let node = crate::check::check(&cfg, registry)?.node;
     let (_, report) = crate::engine::Engine::start(node, journal, store, None)?;
     print_plan(&report.plan, true);
     Ok(ExitCode::SUCCESS)

@@ -4,31 +4,26 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use policies::Registry;
 
+use crate::config::Config;
 use crate::daemon::{Daemon, DaemonOptions};
 
 /// Drops every capability the configured daemon does not need. Capabilities are
-/// per thread, so this runs before the async runtime starts its threads.
-pub fn drop_privileges(config: &Path) {
-    let Ok(cfg) = super::load_config(config) else {
-        // `run` reports the config error itself.
-        return;
-    };
+/// per thread, so this runs before the async runtime starts its threads. The drop logs the set it
+/// kept (`capabilities dropped to the keep-list`).
+pub fn drop_privileges(cfg: &Config) {
     let keep = crate::privileges::keep_list(&crate::privileges::PrivilegeNeeds {
         claims_socket_group: cfg.claims_api.group.is_some(),
         metrics_port: cfg.metrics.listen.map(|a| a.port()),
     });
-    match crate::privileges::drop_to(&keep) {
-        Ok(r) => {
-            tracing::info!(kept = ?r.kept, bounding_reduced = r.bounding_reduced, "capabilities dropped")
-        }
-        Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
+    if let Err(e) = crate::privileges::drop_to(&keep) {
+        tracing::warn!("could not drop capabilities: {e}; the daemon runs with the ones it has");
     }
 }
 
-/// Runs until SIGTERM or SIGINT.
-pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
-    let cfg = super::load_config(config)?;
+/// Runs until SIGTERM or SIGINT, with `registry` as the policies pools may name.
+pub async fn run(cfg: &Config, registry: &Registry) -> anyhow::Result<ExitCode> {
     let launched = crate::preflight::launched_by_runtime();
     let report = crate::preflight::run(&crate::preflight::PreflightPaths {
         nri_socket: (!launched).then(|| cfg.nri.socket.clone()),
@@ -46,9 +41,10 @@ pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
     }
     let crash = crate::engine::hook_from_env().map_err(anyhow::Error::msg)?;
     let daemon = Daemon::start(
-        &cfg,
+        cfg,
         DaemonOptions {
             crash,
+            registry: registry.clone(),
             ..DaemonOptions::default()
         },
     )
