@@ -51,8 +51,9 @@ async fn client(config: &Path) -> anyhow::Result<ClaimsClient> {
     Ok(ClaimsClient::connect(&cfg.claims_api.socket).await?)
 }
 
-/// Device ids for `--device` values: an id is kept, a published name of a whole device
-/// (`<pool>-<id>`, what `status` lists under a claim) becomes its id.
+/// Device ids for `--device` values: an id is kept; `<pool>/<id>` (what `status` lists under a
+/// claim) and the published name of a whole device (`<pool>-<id>`, what a DRA driver sees)
+/// become the id.
 fn resolve_devices(wanted: &[String], status: &Value) -> Vec<String> {
     let mut named = std::collections::BTreeMap::new();
     for pool in status["policy"]["pools"].as_array().into_iter().flatten() {
@@ -60,6 +61,7 @@ fn resolve_devices(wanted: &[String], status: &Value) -> Vec<String> {
         for dev in pool["devices"].as_array().into_iter().flatten() {
             if let Some(id) = dev["id"].as_str() {
                 named.insert(policies::naming::device_name(pool_name, id), id.to_string());
+                named.insert(format!("{pool_name}/{id}"), id.to_string());
                 named.insert(id.to_string(), id.to_string());
             }
         }

@@ -79,8 +79,8 @@ pub enum Command {
         /// Slice profile (sliced family).
         #[arg(long)]
         profile: Option<String>,
-        /// Specific devices, by id (`gpu1`) or by the published name `status` shows
-        /// (`whole-gpu1`).
+        /// Specific devices, by id (`gpu1`), as `status` lists them (`whole/gpu1`), or by
+        /// published name (`whole-gpu1`).
         #[arg(long = "device")]
         devices: Vec<String>,
         /// The request's name, as refusals and records name it (default: what was asked, e.g.
