@@ -86,7 +86,9 @@ pub enum StubError {
 pub fn describe_ttrpc(e: &ttrpc::Error) -> String {
     match e {
         ttrpc::Error::RpcStatus(status) => {
-            let code = format!("{:?}", status.code()).to_ascii_lowercase().replace('_', " ");
+            let code = format!("{:?}", status.code())
+                .to_ascii_lowercase()
+                .replace('_', " ");
             if status.message.is_empty() {
                 format!("the peer answered {code}")
             } else {

@@ -330,8 +330,10 @@ async fn a_peer_whose_uid_is_not_allowed_is_refused() {
     // The caller is told why, not left with a closed connection.
     assert_eq!(rpc_code(&err), Some(Code::PERMISSION_DENIED), "{err}");
     assert!(
-        err.to_string()
-            .contains(&format!("uid {me} (pid {}) may not use the claims API", std::process::id())),
+        err.to_string().contains(&format!(
+            "uid {me} (pid {}) may not use the claims API",
+            std::process::id()
+        )),
         "{err}"
     );
     assert!(f.engine.prepare_calls().is_empty());

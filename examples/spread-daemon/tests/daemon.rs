@@ -98,14 +98,20 @@ async fn claims_are_answered_by_spread_shown_in_status_and_restored_after_a_rest
     let ids = prepare_ok(&client, spread_claim("c1", 2)).await;
     assert_eq!(
         ids,
-        ["accel.nri.io/device=claim-c1-0", "accel.nri.io/device=claim-c1-1"]
+        [
+            "accel.nri.io/device=claim-c1-0",
+            "accel.nri.io/device=claim-c1-1"
+        ]
     );
     // Through the CLI, naming the family by the policy's name: the other two.
     let (st, out, err) = node
         .cli(&["prepare", "c2", "--family", "spread", "--count", "2"])
         .await;
     assert!(st.success(), "{out}{err}");
-    assert!(out.contains("wide wide-gpu1") && out.contains("wide wide-gpu3"), "{out}");
+    assert!(
+        out.contains("wide wide-gpu1") && out.contains("wide wide-gpu3"),
+        "{out}"
+    );
     assert!(err.is_empty(), "{err}");
     // Nothing is left to spread over: the policy's own refusal comes back.
     let answer = client
@@ -126,8 +132,14 @@ async fn claims_are_answered_by_spread_shown_in_status_and_restored_after_a_rest
     assert_eq!(
         before,
         [
-            ("c1".to_string(), vec!["gpu0".to_string(), "gpu2".to_string()]),
-            ("c2".to_string(), vec!["gpu1".to_string(), "gpu3".to_string()]),
+            (
+                "c1".to_string(),
+                vec!["gpu0".to_string(), "gpu2".to_string()]
+            ),
+            (
+                "c2".to_string(),
+                vec!["gpu1".to_string(), "gpu3".to_string()]
+            ),
         ]
     );
     assert_eq!(assert_no_unit_granted_twice(&doc), 4);
@@ -143,7 +155,9 @@ async fn claims_are_answered_by_spread_shown_in_status_and_restored_after_a_rest
     // A clean stop, then a new process restores both claims from the checkpoint.
     assert!(daemon.terminate().await.success());
     let mut restarted = node.spawn(&[]);
-    fake.wait_synchronized(2, WAIT).await.expect("synchronized again");
+    fake.wait_synchronized(2, WAIT)
+        .await
+        .expect("synchronized again");
     let client = node.client_gate_open().await;
     let doc = node.status_json().await;
     assert_eq!(holders(&doc), before, "{doc:#}");

@@ -215,13 +215,7 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
                         ));
                     }
                     let scan = scan_entries(bytes, start).map_err(|d| {
-                        errors.corrupt(
-                            &wal_path,
-                            format!(
-                                "at byte {}: {}",
-                                d.offset, d.reason
-                            ),
-                        )
+                        errors.corrupt(&wal_path, format!("at byte {}: {}", d.offset, d.reason))
                     })?;
                     for (offset, payload) in scan.entries {
                         let changes: Vec<Change<R, U>> =

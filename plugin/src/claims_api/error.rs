@@ -145,11 +145,11 @@ fn connect_hint(e: &std::io::Error) -> &'static str {
     use std::io::ErrorKind;
     match e.kind() {
         ErrorKind::NotFound => {
-            "no daemon has created it: start nri-accel (systemctl start nri-accel), or point \
+            "no daemon has created it: start the daemon (systemctl start nri-accel), or point \
              --config at the daemon's config (claims_api.socket)"
         }
         ErrorKind::ConnectionRefused => {
-            "nothing listens on it (a daemon that stopped left it): start nri-accel \
+            "nothing listens on it (a daemon that stopped left it): start the daemon \
              (systemctl start nri-accel)"
         }
         ErrorKind::PermissionDenied => {

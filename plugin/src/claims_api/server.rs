@@ -114,7 +114,7 @@ impl ClaimsServer {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        tracing::info!(path = %path.display(), mode = format!("{:o}", opts.socket_mode()), "claims API listening");
+        tracing::debug!(path = %path.display(), mode = %format!("{:o}", opts.socket_mode()), "claims API socket bound");
         Ok(Self { server, path })
     }
 

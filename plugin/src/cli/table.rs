@@ -84,11 +84,18 @@ mod tests {
     #[test]
     fn columns_grow_to_their_widest_cell() {
         let mut t = Table::new(&["DEVICE", ">USED", "holders"]);
-        t.row(vec!["a-very-long-device-id-0000:3b:00.0".into(), "1/1".into(), "c1".into()]);
+        t.row(vec![
+            "a-very-long-device-id-0000:3b:00.0".into(),
+            "1/1".into(),
+            "c1".into(),
+        ]);
         t.row(vec!["g1".into(), "0/4".into(), String::new()]);
         let text = t.render("");
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "DEVICE                              USED  holders");
+        assert_eq!(
+            lines[0],
+            "DEVICE                              USED  holders"
+        );
         assert_eq!(lines[1], "a-very-long-device-id-0000:3b:00.0   1/1  c1");
         assert_eq!(lines[2], "g1                                   0/4");
     }

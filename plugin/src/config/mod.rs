@@ -119,12 +119,10 @@ fn syntax_error(e: &serde_saphyr::Error, text: &str, origin: &str) -> ConfigErro
         // A value of the wrong type: name its field, which the parser's message does not.
         if !message.starts_with("unknown field")
             && let Some(at) = position
-            && let Some(tree) = serde_saphyr::from_str_with_options::<Option<spans::Tree>>(
-                text,
-                parse_options(),
-            )
-            .ok()
-            .flatten()
+            && let Some(tree) =
+                serde_saphyr::from_str_with_options::<Option<spans::Tree>>(text, parse_options())
+                    .ok()
+                    .flatten()
             && let Some(field) = tree.path_at(at)
         {
             message = format!("{field}: {message}");

@@ -173,7 +173,9 @@ impl Daemon {
         }
         if let Some(t) = &opened.torn_tail {
             tracing::warn!(
-                ?t,
+                offset = t.offset,
+                bytes = t.bytes,
+                reason = %t.reason,
                 "a commit torn by a crash was cut off the checkpoint log"
             );
         }
@@ -274,7 +276,7 @@ impl Daemon {
                 loop {
                     tick.tick().await;
                     match e.reconcile().await {
-                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = ?p.roll_back, orphans_removed = ?p.remove_specs, "periodic reconciliation repaired state"),
+                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = %p.roll_back.join(","), orphans_removed = %p.remove_specs.join(","), "periodic reconciliation repaired state"),
                         Ok(_) => {}
                         Err(err) => tracing::error!(error = %err, "periodic reconciliation failed"),
                     }
