@@ -19,8 +19,10 @@ pub struct Refusal {
     pub reason: RefusalReason,
 }
 
-/// The reason of a [`Refusal`].
+/// The reason of a [`Refusal`]. New reasons may be added in a minor release (hence
+/// `non_exhaustive`); a policy constructs the ones that fit.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RefusalReason {
     /// The named device is not published (or not in the inventory).
     UnknownDevice,
@@ -183,8 +185,10 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-/// A pool config, registry lookup or record the node cannot accept.
+/// A pool config, registry lookup or record the node cannot accept. New kinds may be added in a
+/// minor release (hence `non_exhaustive`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// The pool names a family or policy nobody registered.
     #[error(

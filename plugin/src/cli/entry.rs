@@ -94,22 +94,29 @@ pub fn main_with(registry: Registry) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = match daemon_config {
+    match daemon_config {
         Some((config, defaulted)) => {
             if defaulted {
                 super::note_defaults();
             }
             super::run::drop_privileges(&config);
-            runtime.block_on(super::run::run(&config, &registry))
+            match runtime.block_on(super::run::run(&config, &registry)) {
+                Ok(code) => code,
+                Err(e) => {
+                    // The daemon's last word goes through its log, in its format and at error
+                    // priority under journald.
+                    tracing::error!("{}", error_chain(&e));
+                    ExitCode::FAILURE
+                }
+            }
         }
-        None => runtime.block_on(super::dispatch(cli, &registry)),
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("nri-accel: {}", error_chain(&e));
-            ExitCode::FAILURE
-        }
+        None => match runtime.block_on(super::dispatch(cli, &registry)) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("nri-accel: {}", error_chain(&e));
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
