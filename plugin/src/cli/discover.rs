@@ -98,7 +98,11 @@ pub fn run(
     if devices.is_empty() {
         println!("(no devices)");
     }
-    println!("online CPUs: {}", inventory.cpus);
+    if inventory.cpus.is_empty() {
+        println!("online CPUs: none known (discovery.sysfs is off and discovery.cpus is not set)");
+    } else {
+        println!("online CPUs: {}", inventory.cpus);
+    }
     println!("policies in this build: {}", policies.join(", "));
     let checked = match checked {
         Ok(c) => c,
