@@ -61,6 +61,36 @@ fn references(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     (docs, paths)
 }
 
+/// An asset's files and where each lands: a `dir/*.ext` source is every such file of `dir`, and
+/// a destination ending in `/` is a directory (cargo-deb's rules for the two forms used here).
+fn expand(source: &Path, dest: &str) -> Vec<(PathBuf, String)> {
+    let name = source.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let files: Vec<PathBuf> = match name.strip_prefix('*') {
+        Some(suffix) => {
+            let dir = source.parent().expect("a directory");
+            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.to_str().is_some_and(|p| p.ends_with(suffix)))
+                .collect();
+            found.sort();
+            found
+        }
+        None => vec![source.to_path_buf()],
+    };
+    files
+        .into_iter()
+        .map(|f| {
+            let to = if dest.ends_with('/') {
+                format!("{dest}{}", f.file_name().and_then(|n| n.to_str()).unwrap_or_default())
+            } else {
+                dest.to_string()
+            };
+            (f, to)
+        })
+        .collect()
+}
+
 #[test]
 fn every_doc_an_installed_file_points_to_is_installed() {
     let packages = deb_packages();
@@ -71,10 +101,10 @@ fn every_doc_an_installed_file_points_to_is_installed() {
             .as_array()
             .expect("assets")
             .iter()
-            .map(|a| {
-                (
-                    dir.join(a[0].as_str().expect("source")),
-                    a[1].as_str().expect("destination").to_string(),
+            .flat_map(|a| {
+                expand(
+                    &dir.join(a[0].as_str().expect("source")),
+                    a[1].as_str().expect("destination"),
                 )
             })
             .collect();
