@@ -91,7 +91,9 @@ grep -q "deb-systemd-helper enable nri-accel.service" "$work/control/postinst" \
 # Every doc an installed text file names is installed too (plugin/tests/packaging.rs checks the
 # same from the package metadata; this checks the built .deb).
 while IFS= read -r file; do
-    for doc in $(grep -oE '[A-Za-z0-9_-]+\.md\b' "$file" | sort -u); do
+    # docs/x.md or a bare x.md; another dir's file (packaging/README.md) is a source path.
+    for doc in $(grep -oE '(^|[^/A-Za-z0-9_-]|docs/)[A-Za-z0-9_-]+\.md\b' "$file" \
+            | grep -oE '[A-Za-z0-9_-]+\.md$' | sort -u); do
         [ -f "$root/usr/share/doc/nri-accel/$doc" ] \
             || fail "${file#"$root"} names $doc, which the .deb does not install"
     done

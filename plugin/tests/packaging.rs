@@ -18,7 +18,11 @@ fn deb_packages() -> Vec<(String, PathBuf, Value)> {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
     doc["packages"]
         .as_array()
@@ -46,7 +50,10 @@ fn references(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
             continue;
         }
         let start = text[..i].rfind(|c: char| !is_word(c)).map_or(0, |s| s + 1);
-        if start < i {
+        // `docs/x.md` and a bare `x.md` name a doc; another path (`packaging/README.md`) names a
+        // source file, not something installed under that name.
+        let in_other_dir = text[..start].ends_with('/') && !text[..start].ends_with("docs/");
+        if start < i && !in_other_dir {
             docs.insert(format!("{}.md", &text[start..i]));
         }
     }
@@ -56,7 +63,11 @@ fn references(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
         let end = rest
             .find(|c: char| c.is_whitespace() || "`)'\"".contains(c))
             .unwrap_or(rest.len());
-        paths.insert(rest[..end].trim_end_matches(['.', ',', ';', ':']).to_string());
+        paths.insert(
+            rest[..end]
+                .trim_end_matches(['.', ',', ';', ':'])
+                .to_string(),
+        );
     }
     (docs, paths)
 }
@@ -64,7 +75,10 @@ fn references(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 /// An asset's files and where each lands: a `dir/*.ext` source is every such file of `dir`, and
 /// a destination ending in `/` is a directory (cargo-deb's rules for the two forms used here).
 fn expand(source: &Path, dest: &str) -> Vec<(PathBuf, String)> {
-    let name = source.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let name = source
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
     let files: Vec<PathBuf> = match name.strip_prefix('*') {
         Some(suffix) => {
             let dir = source.parent().expect("a directory");
@@ -82,7 +96,10 @@ fn expand(source: &Path, dest: &str) -> Vec<(PathBuf, String)> {
         .into_iter()
         .map(|f| {
             let to = if dest.ends_with('/') {
-                format!("{dest}{}", f.file_name().and_then(|n| n.to_str()).unwrap_or_default())
+                format!(
+                    "{dest}{}",
+                    f.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+                )
             } else {
                 dest.to_string()
             };
@@ -108,8 +125,12 @@ fn every_doc_an_installed_file_points_to_is_installed() {
                 )
             })
             .collect();
-        let unit_dir = deb["systemd-units"]["unit-scripts"].as_str().expect("unit dir");
-        let unit = deb["systemd-units"]["unit-name"].as_str().expect("unit name");
+        let unit_dir = deb["systemd-units"]["unit-scripts"]
+            .as_str()
+            .expect("unit dir");
+        let unit = deb["systemd-units"]["unit-name"]
+            .as_str()
+            .expect("unit name");
         installed.push((
             dir.join(unit_dir).join(format!("{unit}.service")),
             format!("usr/lib/systemd/system/{unit}.service"),
@@ -128,16 +149,24 @@ fn every_doc_an_installed_file_points_to_is_installed() {
             let (docs, paths) = references(&text);
             for doc in docs {
                 if !dests.contains(format!("{DOC_DIR}{doc}").as_str()) {
-                    missing.push(format!("{dest} mentions {doc}, which {name} does not install"));
+                    missing.push(format!(
+                        "{dest} mentions {doc}, which {name} does not install"
+                    ));
                 }
             }
             for path in paths {
                 let dir_ref = path.ends_with('/');
-                let found = dests
-                    .iter()
-                    .any(|d| if dir_ref { d.starts_with(&path) } else { *d == path });
+                let found = dests.iter().any(|d| {
+                    if dir_ref {
+                        d.starts_with(&path)
+                    } else {
+                        *d == path
+                    }
+                });
                 if !found {
-                    missing.push(format!("{dest} points to /{path}, which {name} does not install"));
+                    missing.push(format!(
+                        "{dest} points to /{path}, which {name} does not install"
+                    ));
                 }
             }
         }
@@ -166,7 +195,7 @@ fn the_short_description_is_one_line_of_a_package_list() {
 fn references_are_found_in_prose_and_paths() {
     let (docs, paths) = references(
         "see docs/state.md, and [refusals](refusals.md); /usr/share/doc/nri-accel/examples/x.conf \
-         and `/usr/share/doc/nri-accel/`.",
+         and `/usr/share/doc/nri-accel/`; packaging/README.md is a source file.",
     );
     assert_eq!(
         docs,

@@ -9,7 +9,10 @@ use std::process::Command;
 /// `1.89` or `1.88.0` as comparable numbers.
 fn version(text: &str) -> Vec<u64> {
     text.split('.')
-        .map(|p| p.parse().unwrap_or_else(|_| panic!("rust-version {text:?}")))
+        .map(|p| {
+            p.parse()
+                .unwrap_or_else(|_| panic!("rust-version {text:?}"))
+        })
         .collect()
 }
 
@@ -42,7 +45,13 @@ fn the_workspace_rust_version_covers_every_locked_dependency() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     // Only what builds on this platform: a Windows-only crate's rust-version does not bind us.
     let out = Command::new(&cargo)
-        .args(["metadata", "--locked", "--format-version", "1", "--filter-platform"])
+        .args([
+            "metadata",
+            "--locked",
+            "--format-version",
+            "1",
+            "--filter-platform",
+        ])
         .arg(host_triple(&rustc))
         .current_dir(&root)
         .output()

@@ -23,7 +23,10 @@ fn blocks<'a>(text: &'a str, info: &str) -> Vec<&'a str> {
 
 /// Non-blank lines, trimmed.
 fn lines(text: &str) -> Vec<&str> {
-    text.lines().map(str::trim).filter(|l| !l.is_empty()).collect()
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 #[test]
@@ -61,5 +64,8 @@ fn the_daemon_main_of_the_guide_is_the_example_and_the_walk_through() {
         .into_iter()
         .filter(|l| *l != "mod spread;")
         .collect();
-    assert_eq!(written, wanted, "the walk-through's main differs from the guide's");
+    assert_eq!(
+        written, wanted,
+        "the walk-through's main differs from the guide's"
+    );
 }
