@@ -1,6 +1,6 @@
 //! Starting and stopping the daemon: config -> discovery -> node lock ->
 //! checkpoint -> reconcile -> claims API (gate closed) -> NRI -> Synchronize ->
-//! gate open.
+//! gate open; the gate closes again while the NRI connection is lost.
 
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::PathBuf;
@@ -16,6 +16,7 @@ use crate::bootid::{BootId, ProcBootId};
 use crate::checkpoint::Checkpoint;
 use crate::claims_api::{ClaimsServer, DefaultPeerPolicy, Limits, ServerOptions};
 use crate::config::{CdiConfig, Config};
+use crate::device_health::{HealthMonitor, HealthReport};
 use crate::engine::{CrashHook, Engine, StartupReport, UpdateSink};
 use crate::gate::Gate;
 use crate::metrics::{HealthState, Metrics};
@@ -93,6 +94,7 @@ pub struct Daemon {
     tasks: Vec<JoinHandle<()>>,
     report: StartupReport,
     nri_ended: tokio::sync::watch::Receiver<bool>,
+    device_health: HealthMonitor,
     _lock: NodeLockGuard,
 }
 
@@ -134,7 +136,7 @@ impl Daemon {
     pub async fn start(config: &Config, opts: DaemonOptions) -> Result<Daemon, DaemonError> {
         // The same checks as `nri-accel check-config`, with the same warnings.
         let checked = crate::check::check(config, &opts.registry)?;
-        let inventory = checked.node.inventory();
+        let inventory = checked.node.inventory().clone();
         tracing::info!(devices = inventory.devices.len(), cpus = %inventory.cpus, "inventory");
         for w in &checked.warnings {
             tracing::warn!("{w}");
@@ -245,7 +247,7 @@ impl Daemon {
         tasks.push(tokio::spawn(watch_connection(
             stub.subscribe(),
             stub.updater(),
-            engine.clone(),
+            agent.clone(),
             gate.clone(),
             metrics.clone(),
             health.clone(),
@@ -284,7 +286,16 @@ impl Daemon {
             }));
         }
         let e = engine.clone();
-        tasks.push(tokio::spawn(async move { retry_pending(e).await }));
+        tasks.push(tokio::spawn(flush_pending_updates(e)));
+        let device_health = match config.discovery.health_check_secs {
+            0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
+            secs => {
+                let (monitor, task) =
+                    HealthMonitor::start(&config.discovery, inventory, Duration::from_secs(secs));
+                tasks.push(task);
+                monitor
+            }
+        };
         refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
@@ -297,6 +308,7 @@ impl Daemon {
             tasks,
             report,
             nri_ended,
+            device_health,
             _lock: guard,
         })
     }
@@ -319,6 +331,11 @@ impl Daemon {
     /// What /healthz reports.
     pub fn health(&self) -> &HealthState {
         &self.health
+    }
+
+    /// The devices' health, re-checked every `discovery.health_check_secs`.
+    pub fn device_health(&self) -> &HealthMonitor {
+        &self.device_health
     }
 
     /// What startup reconciled.
@@ -344,6 +361,8 @@ impl Daemon {
         for t in self.tasks.drain(..) {
             t.abort();
         }
+        // What the watcher does on a lost connection, said here: claims are refused from now on.
+        self.gate.close();
         tracing::info!("closing the NRI connection and the claims API");
         self.stub.close();
         // Let the stub close its ttrpc server itself: aborting it half-way makes
@@ -363,40 +382,74 @@ impl Daemon {
     }
 }
 
-/// Follows the NRI connection: opens the gate after the first Synchronize has
-/// been answered, points pending updates at the live connection, and pushes
-/// what is pending after each (re)synchronization.
+/// Follows the NRI connection and keeps the gate in step with it: closed while the runtime is
+/// away, opened once a Synchronize on the new connection has been answered, its release work is
+/// done and the pending container updates were pushed (or found undeliverable and left pending).
+/// Points pending updates at the live connection. READY goes to systemd the first time only.
 async fn watch_connection(
     mut events: tokio::sync::broadcast::Receiver<StubEvent>,
     updater: Updater,
-    engine: Arc<Engine>,
+    agent: Arc<Agent>,
     gate: Gate,
     metrics: Arc<Metrics>,
     health: HealthState,
     reconnects: bool,
 ) {
+    let engine = agent.engine().clone();
+    let mut ready_sent = false;
+    // The settling of the latest Synchronize: its release work, then a push of what is pending.
+    let mut settling: Option<JoinHandle<usize>> = None;
     loop {
-        match events.recv().await {
-            Ok(StubEvent::Synchronized { pods, containers }) => {
-                engine.set_update_sink(Some(Arc::new(NriSink(updater.clone()))));
-                health.set_runtime_connected(true);
+        let event = tokio::select! {
+            // Events first: a connection lost while the settling finishes must not open the gate.
+            biased;
+            e = events.recv() => e,
+            done = async { settling.as_mut().expect("guarded").await }, if settling.is_some() => {
+                settling = None;
+                let pending = done.unwrap_or(0);
                 health.set_gate_open(true);
                 metrics.set_gate_open(true);
                 if gate.open() {
                     tracing::info!(
-                        pods,
-                        containers,
+                        pending_updates = pending,
                         "runtime synchronized: the gate is open, claims are served"
                     );
+                }
+                if !ready_sent {
+                    ready_sent = true;
                     let _ = crate::notify::Notifier::from_env()
                         .and_then(|n| n.ready("claims are served"));
                 }
+                continue;
+            }
+        };
+        match event {
+            Ok(StubEvent::Synchronized { pods, containers }) => {
+                engine.set_update_sink(Some(Arc::new(NriSink(updater.clone()))));
+                health.set_runtime_connected(true);
+                tracing::info!(
+                    pods,
+                    containers,
+                    "Synchronize answered; the gate opens once its release work and updates are done"
+                );
+                // A task of its own: work already started is not dropped if the connection is
+                // lost meanwhile; only the opening of the gate is.
+                let (a, e) = (agent.clone(), engine.clone());
+                settling = Some(tokio::spawn(async move {
+                    a.settled().await;
+                    e.flush_pending().await
+                }));
             }
             Ok(StubEvent::Disconnected { reason }) => {
                 engine.set_update_sink(None);
                 health.set_runtime_connected(false);
+                health.set_gate_open(false);
+                metrics.set_gate_open(false);
+                settling = None;
+                let closed = gate.close();
                 if reconnects {
-                    tracing::warn!(%reason, "NRI connection lost; reconnecting");
+                    tracing::warn!(%reason, gate_closed = closed,
+                        "NRI connection lost; the gate is closed (claims refused) until the runtime synchronizes again; reconnecting");
                 } else {
                     tracing::warn!(%reason, "NRI connection from the runtime that launched nri-accel closed; exiting");
                 }
@@ -408,11 +461,15 @@ async fn watch_connection(
     }
 }
 
-/// Retries pending container updates with backoff while any are pending.
-async fn retry_pending(engine: Arc<Engine>) {
+/// Pushes pending container updates: at once when work committed inside an NRI handler asks
+/// for it, and otherwise retries with backoff while any are pending.
+async fn flush_pending_updates(engine: Arc<Engine>) {
     let mut delay = Duration::from_millis(500);
     loop {
-        tokio::time::sleep(delay).await;
+        let woken = tokio::select! {
+            _ = engine.wait_for_pending_work() => true,
+            _ = tokio::time::sleep(delay) => false,
+        };
         if engine.pending_updates() == 0 {
             delay = Duration::from_millis(500);
             continue;
@@ -420,6 +477,8 @@ async fn retry_pending(engine: Arc<Engine>) {
         let left = engine.flush_pending().await;
         delay = if left == 0 {
             Duration::from_millis(500)
+        } else if woken {
+            delay
         } else {
             (delay * 2).min(Duration::from_secs(30))
         };
