@@ -126,7 +126,8 @@ async fn a_pool_whose_devices_an_earlier_pool_takes_is_shadowed_and_the_daemon_s
             .any(|l| l.contains("WARN") && l.contains(warning)),
         "{log}"
     );
-    assert!(daemon.terminate().await.success());
+    let st = daemon.terminate().await;
+    assert!(st.success(), "{st}:\n{}", daemon.log_text());
 }
 
 #[tokio::test]

@@ -24,6 +24,10 @@ pub fn drop_privileges(cfg: &Config) {
 
 /// Runs until SIGTERM or SIGINT, with `registry` as the policies pools may name.
 pub async fn run(cfg: &Config, registry: &Registry) -> anyhow::Result<ExitCode> {
+    // Installed before anything starts: a SIGTERM while the daemon starts (systemctl stop, or a
+    // test stopping it the moment the gate opens) is a clean stop once startup is done, never the
+    // default action's silent death.
+    let mut stop = StopSignals::install()?;
     let launched = crate::preflight::launched_by_runtime();
     let report = crate::preflight::run(&crate::preflight::PreflightPaths {
         nri_socket: (!launched).then(|| cfg.nri.socket.clone()),
@@ -59,7 +63,7 @@ pub async fn run(cfg: &Config, registry: &Registry) -> anyhow::Result<ExitCode> 
         None => None,
     };
     tokio::select! {
-        r = wait_for_signal() => r?,
+        _ = stop.recv() => {}
         _ = daemon.nri_ended() => tracing::warn!(
             "the runtime closed the NRI connection it launched us with; exiting so that its next instance gets the node"
         ),
@@ -73,13 +77,26 @@ pub async fn run(cfg: &Config, registry: &Registry) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from the moment they are installed.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    /// Resolves at the first SIGTERM or SIGINT received since [`StopSignals::install`].
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }
