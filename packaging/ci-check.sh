@@ -4,14 +4,29 @@
 #      claims-group drop-in;
 #   2. systemd-analyze security --offline=yes: exposure must be <= 2.0 and docs must state it;
 #   3. systemd-tmpfiles creates the tmpfiles.d dirs with their modes in a temp root;
-#   4. cargo deb builds the .deb; unpacked into a temp root it holds every expected path.
+#   4. cargo deb builds the .deb; unpacked into a temp root it holds every expected path, every doc
+#      an installed file names, and a one-line short description. An already built .deb in
+#      target/debian/ is kept (cargo-deb would delete it).
 # Installs what it needs when missing (systemd via apt-get, cargo-deb via cargo install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail() { echo "packaging check FAILED: $*" >&2; exit 1; }
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# cargo-deb deletes the earlier .debs of a package from target/debian/ whenever it builds one, even
+# with --output elsewhere: keep a copy of any there and put them back on the way out.
+kept="$work/kept"
+mkdir -p "$kept"
+for f in target/debian/nri-accel_*.deb target/debian/nri-accel-dbgsym_*.ddeb; do
+    [ -f "$f" ] && cp -p "$f" "$kept/"
+done
+restore_kept() {
+    for f in "$kept"/*; do
+        [ -f "$f" ] && [ ! -e "target/debian/$(basename "$f")" ] && cp -p "$f" target/debian/
+    done
+    rm -rf "$work"
+}
+trap restore_kept EXIT
 
 # --- tools ------------------------------------------------------------------------------------
 if ! command -v systemd-analyze >/dev/null || ! command -v systemd-tmpfiles >/dev/null; then
@@ -51,6 +66,12 @@ for path in \
     etc/nri-accel/config.yaml \
     usr/share/doc/nri-accel/copyright \
     usr/share/doc/nri-accel/operator-guide.md \
+    usr/share/doc/nri-accel/configuration.md \
+    usr/share/doc/nri-accel/refusals.md \
+    usr/share/doc/nri-accel/messages.md \
+    usr/share/doc/nri-accel/state.md \
+    usr/share/doc/nri-accel/claims-api.md \
+    usr/share/doc/nri-accel/policy-guide.md \
     usr/share/doc/nri-accel/packaging.md \
     usr/share/doc/nri-accel/examples/claims-group.conf \
     usr/share/doc/nri-accel/examples/containerd-1.7/nri-accel.toml \
@@ -67,6 +88,19 @@ grep -q "systemd-tmpfiles --create nri-accel.conf" "$work/control/postinst" \
     || fail "postinst does not create the tmpfiles.d dirs"
 grep -q "deb-systemd-helper enable nri-accel.service" "$work/control/postinst" \
     || fail "postinst does not enable the unit"
+# Every doc an installed text file names is installed too (plugin/tests/packaging.rs checks the
+# same from the package metadata; this checks the built .deb).
+while IFS= read -r file; do
+    # docs/x.md or a bare x.md; another dir's file (packaging/README.md) is a source path.
+    for doc in $(grep -oE '(^|[^/A-Za-z0-9_-]|docs/)[A-Za-z0-9_-]+\.md\b' "$file" \
+            | grep -oE '[A-Za-z0-9_-]+\.md$' | sort -u); do
+        [ -f "$root/usr/share/doc/nri-accel/$doc" ] \
+            || fail "${file#"$root"} names $doc, which the .deb does not install"
+    done
+done < <(find "$root/etc" "$root/usr/share/doc/nri-accel" "$root/usr/lib/systemd" -type f \
+    \( -name '*.md' -o -name '*.yaml' -o -name '*.conf' -o -name '*.service' \))
+short=$(sed -n 's/^Description: //p' "$work/control/control")
+[ "${#short}" -le 79 ] || fail "the short description is over 79 characters: $short"
 echo ".deb: ok ($(du -k "$work/nri-accel.deb" | cut -f1) KiB, $(find "$root" -type f | wc -l) files)"
 
 # --- systemd-analyze verify ---------------------------------------------------------------------

@@ -65,12 +65,13 @@ pub enum StubError {
     #[error("NRI transport setup failed: {0}")]
     Transport(String),
     /// A ttrpc call to the runtime failed.
-    #[error("NRI call {call} failed: {source}")]
+    #[error("NRI call {call} failed: {}", describe_ttrpc(error))]
     Call {
         /// The call.
         call: &'static str,
-        /// The error.
-        source: ttrpc::Error,
+        /// The error. Not the `source` of this error: ttrpc's own `Display` of a status is its
+        /// Debug form, so it is told only through [`describe_ttrpc`].
+        error: ttrpc::Error,
     },
     /// There is no live connection to the runtime.
     #[error("not connected to the NRI runtime; retry after the next Synchronize")]
@@ -78,4 +79,25 @@ pub enum StubError {
     /// The runtime never configured the plugin.
     #[error("the runtime closed the connection before the plugin was configured: {0}")]
     NotConfigured(String),
+}
+
+/// A ttrpc error in words for logs and messages: a status as its code and message
+/// (`unknown: container c1 not found`) rather than ttrpc's own Debug-based text.
+pub fn describe_ttrpc(e: &ttrpc::Error) -> String {
+    match e {
+        ttrpc::Error::RpcStatus(status) => {
+            let code = format!("{:?}", status.code())
+                .to_ascii_lowercase()
+                .replace('_', " ");
+            if status.message.is_empty() {
+                format!("the peer answered {code}")
+            } else {
+                format!("the peer answered {code}: {}", status.message)
+            }
+        }
+        ttrpc::Error::Socket(m) => format!("the connection failed: {m}"),
+        ttrpc::Error::Eof => "the connection closed".to_string(),
+        ttrpc::Error::Others(m) => m.clone(),
+        other => other.to_string(),
+    }
 }

@@ -53,7 +53,7 @@ pub mod api {
     pub use crate::generated::nri::*;
 }
 
-pub use error::{PluginError, StubError};
+pub use error::{PluginError, StubError, describe_ttrpc};
 pub use events::{EventMask, MASK_PRE_V0_10, MASK_V0_10, parse_nri_version, valid_mask_for};
 pub use plugin::Plugin;
 pub use protobuf;

@@ -207,9 +207,9 @@ impl Updater {
         let resp = client
             .update_containers(ctx, &req)
             .await
-            .map_err(|source| StubError::Call {
+            .map_err(|error| StubError::Call {
                 call: "UpdateContainers",
-                source,
+                error,
             })?;
         Ok(resp.failed)
     }
@@ -308,7 +308,7 @@ impl Stub {
         let mut closed = mux.closed();
         let mut close = self.close.subscribe();
         let result = tokio::select! {
-            r = client.register_plugin(ctx, &req) => r.map_err(|source| StubError::Call { call: "RegisterPlugin", source }),
+            r = client.register_plugin(ctx, &req) => r.map_err(|error| StubError::Call { call: "RegisterPlugin", error }),
             r = closed.wait_for(|c| c.is_some()) => {
                 let why = r.ok().and_then(|c| c.clone()).unwrap_or_default();
                 Err(StubError::NotConfigured(format!("connection closed during registration: {why}")))

@@ -1,6 +1,7 @@
 //! nri-accel library: the parts the binary wires together.
 pub mod allocator;
 pub mod bootid;
+pub mod check;
 pub mod checkpoint;
 pub mod claims_api;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod discovery;
 pub mod engine;
 pub mod gate;
 pub mod kubelet;
+pub mod logging;
 pub mod metrics;
 pub mod nodelock;
 pub mod notify;

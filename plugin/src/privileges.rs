@@ -137,19 +137,28 @@ pub fn drop_to(keep: &CapsHashSet) -> Result<DropReport, PrivilegeError> {
     };
     let wanted_missing: BTreeSet<String> = names(&keep.difference(&permitted).copied().collect());
     tracing::info!(
-        kept = ?report.kept,
+        kept = %list(&report.kept),
         dropped = report.dropped.len(),
         bounding_reduced = report.bounding_reduced,
         "capabilities dropped to the keep-list"
     );
     if !wanted_missing.is_empty() {
         tracing::warn!(
-            missing = ?wanted_missing,
+            missing = %list(&wanted_missing),
             "the config needs capabilities this process does not have; the features that need \
              them will fail (add them to the unit's CapabilityBoundingSet)"
         );
     }
     Ok(report)
+}
+
+/// Capability names as one word for a log field: `CAP_CHOWN,CAP_NET_BIND_SERVICE`, or `none`.
+fn list(names: &BTreeSet<String>) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.iter().cloned().collect::<Vec<_>>().join(",")
+    }
 }
 
 #[cfg(test)]

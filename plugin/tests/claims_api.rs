@@ -327,10 +327,14 @@ async fn a_peer_whose_uid_is_not_allowed_is_refused() {
         .prepare(vec![dra_claim("u1")])
         .await
         .expect_err("refused peer");
-    assert_eq!(
-        rpc_code(&err),
-        None,
-        "closed connection, not an answer: {err}"
+    // The caller is told why, not left with a closed connection.
+    assert_eq!(rpc_code(&err), Some(Code::PERMISSION_DENIED), "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "uid {me} (pid {}) may not use the claims API",
+            std::process::id()
+        )),
+        "{err}"
     );
     assert!(f.engine.prepare_calls().is_empty());
     f.server.shutdown().await.expect("shutdown");

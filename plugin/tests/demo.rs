@@ -23,7 +23,7 @@ fn demo_completes_and_shows_cdi_ids_and_an_adjustment() {
     );
     assert!(stdout.contains("refused, as it must be"), "{stdout}");
     assert!(
-        stdout.contains("rolled back (record without spec): [\"claim-crash\"]"),
+        stdout.contains("rolled back (record without spec): claim-crash"),
         "{stdout}"
     );
     assert!(stdout.contains("demo complete"), "{stdout}");

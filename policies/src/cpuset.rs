@@ -24,7 +24,9 @@ pub struct CpuSet {
 
 /// A CPU list that could not be parsed; names the offending text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid CPU list {text:?}: {reason}")]
+#[error(
+    "invalid CPU list {text:?}: {reason}; write CPU ids in the kernel's list format, e.g. \"0-3,8,10-11\""
+)]
 pub struct CpuSetParseError {
     /// The list as given.
     pub text: String,

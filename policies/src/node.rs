@@ -291,11 +291,17 @@ impl Node {
             })
             .collect();
         if fitting.is_empty() {
-            let reason = match (&r.family, matching.first()) {
-                (Some(asked), Some(&p)) => RefusalReason::WrongFamily {
+            // Name the one pool that matched when there is one; with several, any one of them
+            // would be arbitrary (and misleading), so the refusal names the family instead.
+            let reason = match (&r.family, matching.as_slice()) {
+                (Some(asked), &[p]) => RefusalReason::WrongFamily {
                     pool: self.pools[p].config.name.clone(),
                     family: self.pools[p].policy.family().name().to_string(),
                     asked: asked.name().to_string(),
+                },
+                (Some(asked), &[_, _, ..]) => RefusalReason::NoPoolOfFamily {
+                    request: r.request.clone(),
+                    family: asked.name().to_string(),
                 },
                 _ => RefusalReason::NoMatchingPool {
                     request: r.request.clone(),

@@ -19,8 +19,10 @@ pub struct Refusal {
     pub reason: RefusalReason,
 }
 
-/// The reason of a [`Refusal`].
+/// The reason of a [`Refusal`]. New reasons may be added in a minor release (hence
+/// `non_exhaustive`); a policy constructs the ones that fit.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RefusalReason {
     /// The named device is not published (or not in the inventory).
     UnknownDevice,
@@ -73,6 +75,14 @@ pub enum RefusalReason {
     NoPool {
         /// The pool named.
         pool: String,
+    },
+    /// Pools have devices matching the request's selector, but none of them is of the family
+    /// the request asks for.
+    NoPoolOfFamily {
+        /// The request name.
+        request: String,
+        /// The family asked.
+        family: String,
     },
     /// No pool has devices matching the request's selector and family.
     NoMatchingPool {
@@ -154,6 +164,10 @@ impl fmt::Display for Refusal {
             RefusalReason::NoPool { pool } => {
                 write!(f, "claim {c} refused: there is no pool named {pool}")
             }
+            RefusalReason::NoPoolOfFamily { request, family } => write!(
+                f,
+                "claim {c} refused: no pool of family {family} has devices matching request {request}"
+            ),
             RefusalReason::NoMatchingPool { request } => write!(
                 f,
                 "claim {c} refused: no pool has devices matching request {request}"
@@ -171,18 +185,23 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
-/// A pool config, registry lookup or record the node cannot accept.
+/// A pool config, registry lookup or record the node cannot accept. New kinds may be added in a
+/// minor release (hence `non_exhaustive`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// The pool names a family or policy nobody registered.
     #[error(
-        "pool {pool}: no policy is registered under the name {policy}; register it or fix the pool's family"
+        "pool {pool}: no policy is registered under the name {policy}; this build registers {}: use one of those, or run a daemon built with {policy} (docs/policy-guide.md)",
+        registered.join(", ")
     )]
     UnknownPolicy {
         /// The pool.
         pool: String,
         /// The policy name asked.
         policy: String,
+        /// The names the registry has, sorted.
+        registered: Vec<String>,
     },
     /// The pool's parameters are invalid.
     #[error("pool {pool}: {why}")]

@@ -19,6 +19,9 @@ impl Registry {
         Self::default()
     }
 
+    /// The names of the built-in policies, the ones [`Registry::with_builtins`] registers.
+    pub const BUILTINS: [&'static str; 3] = ["exclusive", "shared", "sliced"];
+
     /// A registry with the built-ins: `exclusive`, `shared` and `sliced`.
     pub fn with_builtins() -> Self {
         let mut r = Self::new();
@@ -43,6 +46,11 @@ impl Registry {
         self.factories.keys().map(String::as_str)
     }
 
+    /// Registered names that are not built-ins, sorted: what a custom build adds.
+    pub fn extra_names(&self) -> impl Iterator<Item = &str> {
+        self.names().filter(|n| !Self::BUILTINS.contains(n))
+    }
+
     /// Builds the policy for `pool` over `devices`.
     pub fn build(
         &self,
@@ -55,6 +63,7 @@ impl Registry {
             .ok_or_else(|| PolicyError::UnknownPolicy {
                 pool: pool.name.clone(),
                 policy: kind.name().to_string(),
+                registered: self.names().map(str::to_string).collect(),
             })?;
         factory(pool, devices)
     }

@@ -143,6 +143,29 @@ fn wrong_family() {
     );
 }
 
+/// With several matching pools, none of the family asked, the refusal names the family rather
+/// than one of the pools (which one would be arbitrary).
+#[test]
+fn no_pool_of_the_family_asked() {
+    let mut n = node(
+        four_gpus(),
+        "0-7",
+        &[
+            pool("whole", &["g0", "g1"], FamilyConfig::Exclusive, 0),
+            pool("shared", &["g2", "g3"], shared(4, 0, 0), 0),
+        ],
+    );
+    let req = CountRequest {
+        family: Some(FamilyKind::Sliced),
+        ..count("train", 1)
+    };
+    let r = refused(&mut n, &counted("c1", vec![req]));
+    assert_eq!(
+        r.to_string(),
+        "claim c1 refused: no pool of family sliced has devices matching request train"
+    );
+}
+
 #[test]
 fn no_placement() {
     let mut n = node(
@@ -296,6 +319,13 @@ fn docs_list_every_refusal_sentence() {
             },
         ),
         (false, RefusalReason::NoPool { pool: s("<pool>") }),
+        (
+            false,
+            RefusalReason::NoPoolOfFamily {
+                request: s("<request>"),
+                family: s("<family>"),
+            },
+        ),
         (
             false,
             RefusalReason::NoMatchingPool {

@@ -32,7 +32,7 @@ pub enum CheckpointError {
     },
     /// A checkpoint file written by a newer format version.
     #[error(
-        "the checkpoint file {path} has format version {found}; this nri-accel reads version {supported}. The file was kept. Run the nri-accel that wrote it, or move {dir} aside (mv {dir} {dir}.old) and start again; running containers' devices are then adopted"
+        "the checkpoint file {path} has format version {found}; this nri-accel reads version {supported} (a newer nri-accel wrote it, or its header is damaged). The file was kept. Run the nri-accel that wrote it, or move {dir} aside (mv {dir} {dir}.old) and start again; running containers' devices are then adopted"
     )]
     UnsupportedVersion {
         /// The file.

@@ -77,18 +77,24 @@ impl Header {
             )));
         }
         let version = u32::from_le_bytes(le4(&bytes[8..12]));
-        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
-            return Err(HeaderError::Version(version));
-        }
         let generation = u64::from_le_bytes(le8(&bytes[12..20]));
         let id_len = usize::from(bytes[20]);
         let end = FIXED_HEADER + id_len;
-        if id_len > MAX_HEADER_BOOT_ID || bytes.len() < end + 4 {
-            return Err(HeaderError::Invalid("truncated or oversized header".into()));
+        let intact = id_len <= MAX_HEADER_BOOT_ID
+            && bytes.len() >= end + 4
+            && crc32fast::hash(&bytes[..end]) == u32::from_le_bytes(le4(&bytes[end..end + 4]));
+        // The checksum covers the version: a version no nri-accel ever wrote (below the oldest we
+        // read) in a header that fails it is damage, not an old format. A higher one may be a
+        // newer format whose header this build cannot check, so it is reported as a version.
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version)
+            && (intact || version > FORMAT_VERSION)
+        {
+            return Err(HeaderError::Version(version));
         }
-        let stored = u32::from_le_bytes(le4(&bytes[end..end + 4]));
-        if crc32fast::hash(&bytes[..end]) != stored {
-            return Err(HeaderError::Invalid("header checksum mismatch".into()));
+        if !intact {
+            return Err(HeaderError::Invalid(
+                "the header is damaged (its checksum does not match)".into(),
+            ));
         }
         let boot_id = std::str::from_utf8(&bytes[FIXED_HEADER..end])
             .map_err(|_| HeaderError::Invalid("boot id in the header is not UTF-8".into()))?
@@ -170,7 +176,12 @@ pub(crate) fn scan_entries(bytes: &[u8], start: usize) -> Result<Scan<'_>, Damag
         if crc32fast::hash(&bytes[pos..pos + 4]) != len_check {
             return Err(Damage {
                 offset: pos,
-                reason: "entry length field damaged (its checksum does not match)".into(),
+                reason: format!(
+                    "the {} bytes from here to the end are not an entry (its length field fails \
+                     its checksum), and they are not a torn append either (that is a partial \
+                     last entry or zeros)",
+                    total - pos
+                ),
             });
         }
         let end = (pos + ENTRY_HEADER).saturating_add(len);
@@ -198,7 +209,10 @@ pub(crate) fn scan_entries(bytes: &[u8], start: usize) -> Result<Scan<'_>, Damag
             Some(reason) => {
                 return Err(Damage {
                     offset: pos,
-                    reason: format!("{reason}, with {} more bytes after it", total - end),
+                    reason: format!(
+                        "{reason}, and {} more bytes follow it, so it is not a torn last entry",
+                        total - end
+                    ),
                 });
             }
         }
@@ -257,12 +271,19 @@ mod tests {
             Header::decode(&SNAPSHOT_MAGIC, &newer),
             Err(HeaderError::Version(3))
         ));
-        let mut flipped = bytes;
+        let mut flipped = bytes.clone();
         flipped[13] ^= 1;
         assert!(matches!(
             Header::decode(&SNAPSHOT_MAGIC, &flipped),
             Err(HeaderError::Invalid(_))
         ));
+        // A damaged version byte reading 0 is damage, not "format version 0".
+        let mut zeroed = bytes;
+        zeroed[8] = 0;
+        match Header::decode(&SNAPSHOT_MAGIC, &zeroed) {
+            Err(HeaderError::Invalid(why)) => assert!(why.contains("damaged"), "{why}"),
+            other => panic!("a zeroed version byte decoded as {other:?}"),
+        }
     }
 
     #[test]
@@ -272,7 +293,7 @@ mod tests {
         // A length whose own checksum fails is damage, even if it runs past the end.
         let err = scan_entries(&bytes, start).unwrap_err();
         assert_eq!(err.offset, start);
-        assert!(err.reason.contains("length"), "{}", err.reason);
+        assert!(err.reason.contains("length field"), "{}", err.reason);
         // An intact length running past the end is a torn tail.
         let len = u32::MAX.to_le_bytes();
         bytes[start + 4..start + 8].copy_from_slice(&crc32fast::hash(&len).to_le_bytes());

@@ -185,15 +185,8 @@ fn replay_wal<R: Payload, U: Payload>(
     state: &mut State<R, U>,
 ) -> Result<(u64, Option<TornTailReport>), CheckpointError> {
     let name = WAL_FILE;
-    let scan = scan_entries(bytes, start).map_err(|d| {
-        errors.corrupt(
-            name,
-            format!(
-                "at byte {}: {} (not a torn tail: entries follow it)",
-                d.offset, d.reason
-            ),
-        )
-    })?;
+    let scan = scan_entries(bytes, start)
+        .map_err(|d| errors.corrupt(name, format!("at byte {}: {}", d.offset, d.reason)))?;
     for (offset, payload) in scan.entries {
         let undecodable = |e: serde_json::Error| {
             errors.corrupt(

@@ -89,9 +89,18 @@ fn count_from_proto(uid: &str, r: pb::CountRequest) -> Result<CountAsk, String> 
         Ok(pb::Family::FAMILY_EXCLUSIVE) => Family::Exclusive,
         Ok(pb::Family::FAMILY_SHARED) => Family::Shared,
         Ok(pb::Family::FAMILY_SLICED) => Family::Sliced,
+        Ok(pb::Family::FAMILY_CUSTOM) if !r.policy.is_empty() => Family::Custom(r.policy.clone()),
+        Ok(pb::Family::FAMILY_CUSTOM) => {
+            return Err(format!(
+                "claim {uid}: request {} asks for a custom family but names no policy: set \
+                 policy to the registered policy name",
+                echo(&r.request)
+            ));
+        }
         Ok(pb::Family::FAMILY_UNSPECIFIED) | Err(_) => {
             return Err(format!(
-                "claim {uid}: request {} names no known family: use exclusive, shared or sliced",
+                "claim {uid}: request {} names no known family: use exclusive, shared, sliced \
+                 or custom with a policy name",
                 echo(&r.request)
             ));
         }
@@ -145,7 +154,12 @@ pub(crate) fn claim_to_proto(spec: &ClaimSpec) -> pb::Claim {
                         Family::Exclusive => pb::Family::FAMILY_EXCLUSIVE,
                         Family::Shared => pb::Family::FAMILY_SHARED,
                         Family::Sliced => pb::Family::FAMILY_SLICED,
+                        Family::Custom(_) => pb::Family::FAMILY_CUSTOM,
                     }),
+                    policy: match &a.family {
+                        Family::Custom(name) => name.clone(),
+                        _ => String::new(),
+                    },
                     selector: MessageField::some(pb::Selector {
                         vendor: a.selector.vendor.clone().unwrap_or_default(),
                         model: a.selector.model.clone().unwrap_or_default(),

@@ -111,7 +111,10 @@ pub enum ClaimsApiError {
         message: String,
     },
     /// A client could not connect.
-    #[error("cannot connect to the claims API socket {path}: {source}; is nri-accel running?")]
+    #[error(
+        "cannot connect to the claims API socket {path}: {source}; {}",
+        connect_hint(source)
+    )]
     Connect {
         /// The socket path.
         path: PathBuf,
@@ -119,7 +122,7 @@ pub enum ClaimsApiError {
         source: std::io::Error,
     },
     /// The server answered a call with a non-OK status.
-    #[error("claims API refused the call ({code:?}): {message}")]
+    #[error("the claims API answered {}: {message}", code_words(*code))]
     Rpc {
         /// The ttrpc status code.
         code: Code,
@@ -127,11 +130,38 @@ pub enum ClaimsApiError {
         message: String,
     },
     /// The call failed on the way (connection closed, timeout, encoding).
-    #[error("claims API call failed: {0}")]
+    #[error(
+        "the claims API call failed: {0}; the daemon may have stopped or restarted (check \
+         systemctl status nri-accel and its log), retry"
+    )]
     Transport(String),
     /// The server's answer could not be understood.
     #[error("claims API answer is malformed: {0}")]
     InvalidResponse(String),
+}
+
+/// What to do when connecting failed, by why it failed.
+fn connect_hint(e: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::NotFound => {
+            "no daemon has created it: start the daemon (systemctl start nri-accel), or point \
+             --config at the daemon's config (claims_api.socket)"
+        }
+        ErrorKind::ConnectionRefused => {
+            "nothing listens on it (a daemon that stopped left it): start the daemon \
+             (systemctl start nri-accel)"
+        }
+        ErrorKind::PermissionDenied => {
+            "run this as root, or as a member of the group set in claims_api.group"
+        }
+        _ => "check the path and that nri-accel is running (systemctl status nri-accel)",
+    }
+}
+
+/// A ttrpc status code as words: `PERMISSION_DENIED` -> `permission denied`.
+fn code_words(code: Code) -> String {
+    format!("{code:?}").to_ascii_lowercase().replace('_', " ")
 }
 
 impl ClaimsApiError {
@@ -181,7 +211,7 @@ impl From<ttrpc::Error> for ClaimsApiError {
                 code: status.code(),
                 message: status.message,
             },
-            other => Self::Transport(other.to_string()),
+            other => Self::Transport(nri_proto::describe_ttrpc(&other)),
         }
     }
 }

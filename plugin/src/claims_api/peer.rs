@@ -87,13 +87,22 @@ impl PeerPolicy for DefaultPeerPolicy {
         {
             return Ok(());
         }
-        let group = match self.allowed_gid {
-            Some(gid) => format!(" and is not in group {gid}"),
-            None => String::new(),
+        let uids: Vec<String> = self.allowed_uids.iter().map(u32::to_string).collect();
+        let (group, fix) = match self.allowed_gid {
+            Some(gid) => (
+                format!(", and members of group {gid}"),
+                "run the caller as one of those",
+            ),
+            None => (
+                String::new(),
+                "run the caller as one of those, or set claims_api.group and add the caller to it",
+            ),
         };
         Err(format!(
-            "peer uid {} (pid {}) is not one of the allowed uids {:?}{group}",
-            peer.uid, peer.pid, self.allowed_uids
+            "uid {} (pid {}) may not use the claims API: only uids {}{group} may; {fix}",
+            peer.uid,
+            peer.pid,
+            uids.join(", ")
         ))
     }
 }

@@ -114,7 +114,7 @@ impl ClaimsServer {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        tracing::info!(path = %path.display(), mode = format!("{:o}", opts.socket_mode()), "claims API listening");
+        tracing::debug!(path = %path.display(), mode = %format!("{:o}", opts.socket_mode()), "claims API socket bound");
         Ok(Self { server, path })
     }
 
@@ -241,7 +241,40 @@ async fn accept_admitted(
                     peer_pid = peer.pid,
                     "claims API connection refused: {why}"
                 );
+                tokio::spawn(answer_refused(stream, why));
             }
         }
     }
+}
+
+/// Largest request a refused peer may send before its answer: the payload is read and dropped.
+const REFUSED_REQUEST_MAX: usize = 64 * 1024;
+/// How long a refused peer has to send its request.
+const REFUSED_WAIT: Duration = Duration::from_secs(5);
+
+/// Tells a refused peer why, instead of only closing: its first request is answered with status
+/// PERMISSION_DENIED and the reason, then the connection is closed. The request is never decoded
+/// or served; anything that is not a small request frame just closes the connection.
+async fn answer_refused(mut stream: UnixStream, why: String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let header = ttrpc::MessageHeader::read_from(&mut stream).await.ok()?;
+        let len = header.length as usize;
+        if header.type_ != ttrpc::proto::MESSAGE_TYPE_REQUEST || len > REFUSED_REQUEST_MAX {
+            return None;
+        }
+        let mut body = vec![0; len];
+        stream.read_exact(&mut body).await.ok()?;
+        let mut answer = ttrpc::Response::new();
+        answer.set_status(ttrpc::get_status(
+            ttrpc::Code::PERMISSION_DENIED,
+            format!("nri-accel refused this connection: {why}"),
+        ));
+        let bytes = protobuf::Message::write_to_bytes(&answer).ok()?;
+        let reply = ttrpc::MessageHeader::new_response(header.stream_id, bytes.len() as u32);
+        reply.write_to(&mut stream).await.ok()?;
+        stream.write_all(&bytes).await.ok()?;
+        stream.shutdown().await.ok()
+    };
+    let _ = tokio::time::timeout(REFUSED_WAIT, exchange).await;
 }

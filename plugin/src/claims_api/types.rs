@@ -46,7 +46,7 @@ pub struct DraResult {
 }
 
 /// Device family a count request draws from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Family {
     /// A whole device per unit.
@@ -55,6 +55,8 @@ pub enum Family {
     Shared,
     /// A slice of a device (by profile) per unit.
     Sliced,
+    /// The units of a policy an author registered, by its name (`kind: custom` pools).
+    Custom(String),
 }
 
 /// A request for `count` units chosen by the policy.

@@ -1,27 +1,75 @@
-//! `nri-accel check-config`: parse and validate a config file.
+//! `nri-accel check-config`: the checks `run` makes before it serves, short of connecting.
+//!
+//! The file is parsed and validated (errors name the line and column), then discovery runs and
+//! the node is built from the inventory and the pools under this build's policies
+//! ([`crate::check`], the same function `run` calls). Warnings (a pool that selects nothing, a
+//! shadowed pool, an empty inventory) are printed and, with `--strict`, fail the check.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use policies::Registry;
+
+use crate::check::CheckError;
 use crate::config::Config;
 
-/// Prints `ok` and a summary, or the error with its line and column.
-pub fn run(path: &Path) -> anyhow::Result<ExitCode> {
-    match Config::load(path) {
-        Ok(c) => {
-            println!(
-                "{}: ok ({} pool(s), state dir {}, CDI dir {}, NRI socket {})",
-                path.display(),
-                c.pools.len(),
-                c.state_dir.display(),
-                c.cdi.dir.display(),
-                c.nri.socket.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+/// Exit code of a config that `run` would refuse.
+const INVALID: u8 = 1;
+/// Exit code of `--strict` when the config is valid but has warnings.
+const WARNINGS: u8 = 3;
+
+/// Prints `ok`, a summary and any warnings, or the error; see the exit codes above.
+pub fn run(
+    path: &Path,
+    sysfs_root: Option<PathBuf>,
+    strict: bool,
+    registry: &Registry,
+) -> anyhow::Result<ExitCode> {
+    let mut cfg = match Config::load(path) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
-            Ok(ExitCode::from(1))
+            return Ok(ExitCode::from(INVALID));
         }
+    };
+    let from_flag = sysfs_root.is_some();
+    if let Some(root) = sysfs_root {
+        cfg.discovery.root = root;
+        cfg.discovery.sysfs = true;
     }
+    let policies: Vec<&str> = registry.names().collect();
+    let checked = match crate::check::check(&cfg, registry) {
+        Ok(c) => c,
+        Err(CheckError::Discovery(e)) if from_flag => {
+            eprintln!("{}", super::discover::sysfs_root_error(&e));
+            return Ok(ExitCode::from(INVALID));
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            return Ok(ExitCode::from(INVALID));
+        }
+    };
+    let inventory = checked.node.inventory();
+    println!(
+        "{}: ok ({} pool(s), {} device(s) found, state dir {}, CDI dir {}, NRI socket {})",
+        path.display(),
+        cfg.pools.len(),
+        inventory.devices.len(),
+        cfg.state_dir.display(),
+        cfg.cdi.dir.display(),
+        cfg.nri.socket.display()
+    );
+    println!("policies in this build: {}", policies.join(", "));
+    for w in &checked.warnings {
+        eprintln!("warning: {w}");
+    }
+    if strict && !checked.warnings.is_empty() {
+        eprintln!(
+            "{}: {} warning(s) and --strict: not accepted",
+            path.display(),
+            checked.warnings.len()
+        );
+        return Ok(ExitCode::from(WARNINGS));
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use serde_json::Value;
 
 use crate::claims_api::{ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, Family, Selector};
 
@@ -17,19 +17,59 @@ pub struct CountArgs {
     pub vendor: Option<String>,
     /// Slice profile.
     pub profile: Option<String>,
-    /// Device ids.
+    /// Device ids, or the published names `status` shows.
     pub devices: Vec<String>,
+    /// The request's name in refusals and records; by default the ask itself.
+    pub request: Option<String>,
+}
+
+impl CountArgs {
+    /// The request name when none is given: what was asked, as the refusal will repeat it
+    /// (`count=1,family=sliced,profile=1g`), rather than a name the operator never chose.
+    fn default_request(&self) -> String {
+        let mut parts = vec![format!("count={}", self.count)];
+        let named = [
+            ("family", &self.family),
+            ("vendor", &self.vendor),
+            ("profile", &self.profile),
+        ];
+        for (key, value) in named {
+            if let Some(v) = value {
+                parts.push(format!("{key}={v}"));
+            }
+        }
+        for d in &self.devices {
+            parts.push(format!("device={d}"));
+        }
+        parts.join(",")
+    }
 }
 
 async fn client(config: &Path) -> anyhow::Result<ClaimsClient> {
     let cfg = super::load_config(config)?;
-    let socket = cfg.claims_api.socket;
-    ClaimsClient::connect(&socket).await.with_context(|| {
-        format!(
-            "connecting to the claims API at {} (is nri-accel running?)",
-            socket.display()
-        )
-    })
+    // The error names the socket and says what to do.
+    Ok(ClaimsClient::connect(&cfg.claims_api.socket).await?)
+}
+
+/// Device ids for `--device` values: an id is kept; `<pool>/<id>` (what `status` lists under a
+/// claim) and the published name of a whole device (`<pool>-<id>`, what a DRA driver sees)
+/// become the id.
+fn resolve_devices(wanted: &[String], status: &Value) -> Vec<String> {
+    let mut named = std::collections::BTreeMap::new();
+    for pool in status["policy"]["pools"].as_array().into_iter().flatten() {
+        let pool_name = pool["name"].as_str().unwrap_or_default();
+        for dev in pool["devices"].as_array().into_iter().flatten() {
+            if let Some(id) = dev["id"].as_str() {
+                named.insert(policies::naming::device_name(pool_name, id), id.to_string());
+                named.insert(format!("{pool_name}/{id}"), id.to_string());
+                named.insert(id.to_string(), id.to_string());
+            }
+        }
+    }
+    wanted
+        .iter()
+        .map(|w| named.get(w).cloned().unwrap_or_else(|| w.clone()))
+        .collect()
 }
 
 /// Prepares one claim and prints its CDI device IDs.
@@ -40,30 +80,42 @@ pub async fn prepare(
     name: Option<String>,
     args: CountArgs,
 ) -> anyhow::Result<ExitCode> {
+    // Any other name is a policy an author registered (`kind: custom` pools); the daemon
+    // refuses it per claim when no pool has that family.
     let family = match args.family.as_deref() {
         None | Some("exclusive") => Family::Exclusive,
         Some("shared") => Family::Shared,
         Some("sliced") => Family::Sliced,
-        Some(other) => anyhow::bail!("--family {other:?} is not one of exclusive, shared, sliced"),
+        Some(other) => Family::Custom(other.to_string()),
     };
+    let client = client(config).await?;
+    let device_ids = if args.devices.is_empty() {
+        Vec::new()
+    } else {
+        resolve_devices(&args.devices, &client.status().await?.document)
+    };
+    let request = args
+        .request
+        .clone()
+        .unwrap_or_else(|| args.default_request());
     let spec = ClaimSpec {
         name: name.unwrap_or_else(|| uid.clone()),
         uid: uid.clone(),
         namespace,
         ask: ClaimAsk::Count(vec![CountAsk {
-            request: "cli".into(),
+            request,
             count: args.count,
             family,
             selector: Selector {
                 vendor: args.vendor,
-                device_ids: args.devices,
+                device_ids,
                 ..Selector::default()
             },
             profile: args.profile,
             shares: None,
         }]),
     };
-    let answer = client(config).await?.prepare(vec![spec]).await?;
+    let answer = client.prepare(vec![spec]).await?;
     match answer.get(&uid) {
         Some(Ok(devices)) => {
             for d in devices {
@@ -75,14 +127,19 @@ pub async fn prepare(
             eprintln!("{e}");
             Ok(ExitCode::from(1))
         }
-        None => anyhow::bail!("the daemon did not answer for claim {uid}"),
+        None => anyhow::bail!(
+            "the daemon answered without a result for claim {uid}; see its log (journalctl -u \
+             nri-accel) and retry"
+        ),
     }
 }
 
-/// Releases one claim.
+/// Releases one claim; a claim the node does not hold is said to be so (releasing it is still a
+/// success, as the claims API answers).
 pub async fn unprepare(config: &Path, uid: String) -> anyhow::Result<ExitCode> {
-    let answer = client(config)
-        .await?
+    let client = client(config).await?;
+    let held = client.list().await?.iter().any(|c| c.uid == uid);
+    let answer = client
         .unprepare(vec![ClaimRef {
             uid: uid.clone(),
             namespace: String::new(),
@@ -90,14 +147,21 @@ pub async fn unprepare(config: &Path, uid: String) -> anyhow::Result<ExitCode> {
         }])
         .await?;
     match answer.get(&uid) {
-        Some(Ok(())) => {
+        Some(Ok(())) if held => {
             println!("claim {uid} released");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Ok(())) => {
+            println!("claim {uid} is not prepared on this node: nothing to release");
             Ok(ExitCode::SUCCESS)
         }
         Some(Err(e)) => {
             eprintln!("{e}");
             Ok(ExitCode::from(1))
         }
-        None => anyhow::bail!("the daemon did not answer for claim {uid}"),
+        None => anyhow::bail!(
+            "the daemon answered without a result for claim {uid}; see its log (journalctl -u \
+             nri-accel) and retry"
+        ),
     }
 }

@@ -48,10 +48,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Check a config file; errors name the line and column.
+    /// Check a config file as `run` would, short of connecting: the file (errors name the line
+    /// and column), the policies its pools name, and its pools against this node's devices.
     CheckConfig {
         /// The file to check (default: --config).
         file: Option<PathBuf>,
+        /// Read sysfs and procfs under this root instead of the config's `discovery.root`
+        /// (to check a config against a fixture tree or another host's copy).
+        #[arg(long)]
+        sysfs_root: Option<PathBuf>,
+        /// Exit non-zero on warnings too (a pool that selects nothing, a shadowed pool, no
+        /// devices at all).
+        #[arg(long)]
+        strict: bool,
     },
     /// Prepare a claim through the running daemon's claims API.
     Prepare {
@@ -60,7 +69,8 @@ pub enum Command {
         /// Devices wanted.
         #[arg(long, default_value_t = 1)]
         count: u32,
-        /// Family: exclusive, shared or sliced.
+        /// Family: exclusive (the default), shared, sliced, or the name of a policy this build
+        /// registers for `kind: custom` pools.
         #[arg(long)]
         family: Option<String>,
         /// Vendor.
@@ -69,9 +79,14 @@ pub enum Command {
         /// Slice profile (sliced family).
         #[arg(long)]
         profile: Option<String>,
-        /// Specific device ids.
+        /// Specific devices, by id (`gpu1`), as `status` lists them (`whole/gpu1`), or by
+        /// published name (`whole-gpu1`).
         #[arg(long = "device")]
         devices: Vec<String>,
+        /// The request's name, as refusals and records name it (default: what was asked, e.g.
+        /// `count=1,family=sliced,profile=1g`).
+        #[arg(long)]
+        request: Option<String>,
         /// Namespace recorded with the claim.
         #[arg(long, default_value = "default")]
         namespace: String,
@@ -95,32 +110,64 @@ pub enum Command {
 mod check_config;
 mod claims;
 mod discover;
+mod entry;
 mod reconcile;
 pub mod run;
 pub mod status;
+mod table;
 
 use std::process::ExitCode;
 
+use policies::Registry;
+
+pub use entry::{error_chain, main_with, version_text};
+
 use crate::config::Config;
+
+/// Reads the config named on the command line; a missing default file gives the defaults
+/// (`true` in the answer: say so once logging is set up, see [`note_defaults`]).
+pub fn read_config(path: &std::path::Path) -> anyhow::Result<(Config, bool)> {
+    if path == std::path::Path::new(DEFAULT_CONFIG) && !path.exists() {
+        return Ok((Config::default(), true));
+    }
+    // The error names the file, the line and the column already.
+    Ok((Config::load(path)?, false))
+}
+
+/// Logs that the default config file is absent and the built-in defaults are used.
+pub fn note_defaults() {
+    tracing::info!("{DEFAULT_CONFIG} not found: using the built-in defaults");
+}
 
 /// Loads the config named on the command line; a missing default file gives the defaults.
 pub fn load_config(path: &std::path::Path) -> anyhow::Result<Config> {
-    use anyhow::Context;
-    if path == std::path::Path::new(DEFAULT_CONFIG) && !path.exists() {
-        tracing::info!("{DEFAULT_CONFIG} not found: using the built-in defaults");
-        return Ok(Config::default());
+    let (config, defaulted) = read_config(path)?;
+    if defaulted {
+        note_defaults();
     }
-    Config::load(path).with_context(|| format!("loading the config {}", path.display()))
+    Ok(config)
 }
 
-/// Runs the subcommand; the exit code says how it went.
-pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+/// Runs the subcommand with `registry` as the policies pools may name; the exit code says how
+/// it went.
+pub async fn dispatch(cli: Cli, registry: &Registry) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run => run::run(&cli.config).await,
-        Command::Demo { keep } => crate::demo::run(keep).await,
+        Command::Run => run::run(&load_config(&cli.config)?, registry).await,
+        Command::Demo { keep } => crate::demo::run(keep, registry).await,
         Command::Status { json } => status::run(&cli.config, json).await,
-        Command::Discover { sysfs_root, json } => discover::run(&cli.config, sysfs_root, json),
-        Command::CheckConfig { file } => check_config::run(file.as_deref().unwrap_or(&cli.config)),
+        Command::Discover { sysfs_root, json } => {
+            discover::run(&cli.config, sysfs_root, json, registry)
+        }
+        Command::CheckConfig {
+            file,
+            sysfs_root,
+            strict,
+        } => check_config::run(
+            file.as_deref().unwrap_or(&cli.config),
+            sysfs_root,
+            strict,
+            registry,
+        ),
         Command::Prepare {
             uid,
             count,
@@ -128,6 +175,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             vendor,
             profile,
             devices,
+            request,
             namespace,
             name,
         } => {
@@ -137,10 +185,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 vendor,
                 profile,
                 devices,
+                request,
             };
             claims::prepare(&cli.config, uid, namespace, name, ask).await
         }
         Command::Unprepare { uid } => claims::unprepare(&cli.config, uid).await,
-        Command::Reconcile { dry_run } => reconcile::run(&cli.config, dry_run).await,
+        Command::Reconcile { dry_run } => reconcile::run(&cli.config, dry_run, registry).await,
     }
 }

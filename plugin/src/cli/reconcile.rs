@@ -71,7 +71,11 @@ fn read_only_store(cfg: &crate::config::Config) -> anyhow::Result<Option<cdi::Sp
 }
 
 /// Shows (or, with the daemon stopped, performs) the reconciliation.
-pub async fn run(config: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    config: &Path,
+    dry_run: bool,
+    registry: &policies::Registry,
+) -> anyhow::Result<ExitCode> {
     let cfg = super::load_config(config)?;
     if dry_run {
         return dry(&cfg).await;
@@ -88,12 +92,7 @@ pub async fn run(config: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
         .context("loading the checkpoint")?;
     let store =
         cdi::SpecStore::open(store_config(&cfg.cdi)).context("opening the CDI spec store")?;
-    let found = crate::discovery::discover_root(&cfg.discovery)?;
-    let node = policies::Node::new(
-        found.inventory,
-        &cfg.pools,
-        &policies::Registry::with_builtins(),
-    )?;
+    let node = crate::check::check(&cfg, registry)?.node;
     let (_, report) = crate::engine::Engine::start(node, journal, store, None)?;
     print_plan(&report.plan, true);
     Ok(ExitCode::SUCCESS)

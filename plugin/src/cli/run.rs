@@ -4,31 +4,30 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use policies::Registry;
 
+use crate::config::Config;
 use crate::daemon::{Daemon, DaemonOptions};
 
 /// Drops every capability the configured daemon does not need. Capabilities are
-/// per thread, so this runs before the async runtime starts its threads.
-pub fn drop_privileges(config: &Path) {
-    let Ok(cfg) = super::load_config(config) else {
-        // `run` reports the config error itself.
-        return;
-    };
+/// per thread, so this runs before the async runtime starts its threads. The drop logs the set it
+/// kept (`capabilities dropped to the keep-list`).
+pub fn drop_privileges(cfg: &Config) {
     let keep = crate::privileges::keep_list(&crate::privileges::PrivilegeNeeds {
         claims_socket_group: cfg.claims_api.group.is_some(),
         metrics_port: cfg.metrics.listen.map(|a| a.port()),
     });
-    match crate::privileges::drop_to(&keep) {
-        Ok(r) => {
-            tracing::info!(kept = ?r.kept, bounding_reduced = r.bounding_reduced, "capabilities dropped")
-        }
-        Err(e) => tracing::warn!(error = %e, "could not drop capabilities"),
+    if let Err(e) = crate::privileges::drop_to(&keep) {
+        tracing::warn!("could not drop capabilities: {e}; the daemon runs with the ones it has");
     }
 }
 
-/// Runs until SIGTERM or SIGINT.
-pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
-    let cfg = super::load_config(config)?;
+/// Runs until SIGTERM or SIGINT, with `registry` as the policies pools may name.
+pub async fn run(cfg: &Config, registry: &Registry) -> anyhow::Result<ExitCode> {
+    // Installed before anything starts: a SIGTERM while the daemon starts (systemctl stop, or a
+    // test stopping it the moment the gate opens) is a clean stop once startup is done, never the
+    // default action's silent death.
+    let mut stop = StopSignals::install()?;
     let launched = crate::preflight::launched_by_runtime();
     let report = crate::preflight::run(&crate::preflight::PreflightPaths {
         nri_socket: (!launched).then(|| cfg.nri.socket.clone()),
@@ -46,9 +45,10 @@ pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
     }
     let crash = crate::engine::hook_from_env().map_err(anyhow::Error::msg)?;
     let daemon = Daemon::start(
-        &cfg,
+        cfg,
         DaemonOptions {
             crash,
+            registry: registry.clone(),
             ..DaemonOptions::default()
         },
     )
@@ -63,7 +63,7 @@ pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
         None => None,
     };
     tokio::select! {
-        r = wait_for_signal() => r?,
+        _ = stop.recv() => {}
         _ = daemon.nri_ended() => tracing::warn!(
             "the runtime closed the NRI connection it launched us with; exiting so that its next instance gets the node"
         ),
@@ -77,13 +77,26 @@ pub async fn run(config: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from the moment they are installed.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    /// Resolves at the first SIGTERM or SIGINT received since [`StopSignals::install`].
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }

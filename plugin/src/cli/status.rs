@@ -3,21 +3,16 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use serde_json::Value;
 
+use super::table::Table;
 use crate::claims_api::ClaimsClient;
 
 /// Asks the running daemon and prints a table (or the JSON document).
 pub async fn run(config: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let cfg = super::load_config(config)?;
-    let socket = cfg.claims_api.socket;
-    let client = ClaimsClient::connect(&socket).await.with_context(|| {
-        format!(
-            "connecting to the claims API at {} (is nri-accel running?)",
-            socket.display()
-        )
-    })?;
+    // The connect error names the socket and says what to do.
+    let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
     let report = client.status().await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report.document)?);
@@ -54,11 +49,7 @@ pub fn render(doc: &Value) -> String {
         s(&policy["claims"]),
         s(&doc["pending_updates"])
     );
-    let _ = writeln!(
-        out,
-        "\n{:<12} {:<10} {:<16} {:>6}  holders",
-        "POOL", "FAMILY", "DEVICE", "USED"
-    );
+    let mut devices = Table::new(&["POOL", "FAMILY", "DEVICE", ">USED", "HOLDERS"]);
     for pool in policy["pools"].as_array().into_iter().flatten() {
         for dev in pool["devices"].as_array().into_iter().flatten() {
             let holders: Vec<String> = dev["held"]
@@ -67,30 +58,25 @@ pub fn render(doc: &Value) -> String {
                 .flatten()
                 .map(|h| format!("{}[{}]", s(&h["claim"]), unit(&h["unit"])))
                 .collect();
-            let _ = writeln!(
-                out,
-                "{:<12} {:<10} {:<16} {:>3}/{:<2}  {}",
+            devices.row(vec![
                 s(&pool["name"]),
                 s(&pool["family"]),
                 s(&dev["id"]),
-                s(&dev["units_used"]),
-                s(&dev["units_total"]),
-                holders.join(" ")
-            );
+                format!("{}/{}", s(&dev["units_used"]), s(&dev["units_total"])),
+                holders.join(" "),
+            ]);
         }
     }
+    let _ = write!(out, "\n{}", devices.render(""));
     let claims = doc["claims"].as_array().cloned().unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "\n{:<40} {:<12} {:<28} containers",
-        "CLAIM", "ORIGIN", "DEVICES"
-    );
+    // Devices by id (what `prepare --device` and `discover` show), with the pool they are in.
+    let mut table = Table::new(&["CLAIM", "ORIGIN", "DEVICES", "CONTAINERS"]);
     for c in &claims {
         let devices: Vec<String> = c["results"]
             .as_array()
             .into_iter()
             .flatten()
-            .map(|g| s(&g["device"]))
+            .map(|g| format!("{}/{}", s(&g["pool"]), s(&g["device_id"])))
             .collect();
         let containers: Vec<String> = c["containers"]
             .as_array()
@@ -98,15 +84,14 @@ pub fn render(doc: &Value) -> String {
             .flatten()
             .map(|x| short(&s(x)))
             .collect();
-        let _ = writeln!(
-            out,
-            "{:<40} {:<12} {:<28} {}",
+        table.row(vec![
             s(&c["uid"]),
             s(&c["origin"]["kind"]),
             devices.join(","),
-            containers.join(",")
-        );
+            containers.join(","),
+        ]);
     }
+    let _ = write!(out, "\n{}", table.render(""));
     if claims.is_empty() {
         let _ = writeln!(out, "(no claims)");
     }

@@ -66,7 +66,7 @@ impl Config {
             });
         }
         let parsed: Option<Config> = serde_saphyr::from_str_with_options(text, parse_options())
-            .map_err(|e| syntax_error(&e, origin))?;
+            .map_err(|e| syntax_error(&e, text, origin))?;
         let cfg = parsed.unwrap_or_default();
         if let Err(problem) = validate::validate(&cfg) {
             let tree: Option<spans::Tree> =
@@ -97,7 +97,7 @@ impl Config {
 
 /// Turns a parser error into ours: position apart, message without the
 /// parser's own " at line L, column C" suffix or source snippet.
-fn syntax_error(e: &serde_saphyr::Error, origin: &str) -> ConfigError {
+fn syntax_error(e: &serde_saphyr::Error, text: &str, origin: &str) -> ConfigError {
     let plain = e.without_snippet();
     let position = plain.location().filter(|l| l.line() > 0).map(|l| Position {
         line: l.line(),
@@ -114,10 +114,49 @@ fn syntax_error(e: &serde_saphyr::Error, origin: &str) -> ConfigError {
         message = format!(
             "the config breaks a parser limit ({detail}); a config is one small YAML document"
         );
+    } else {
+        message = plain_type_error(&message);
+        // A value of the wrong type: name its field, which the parser's message does not.
+        if !message.starts_with("unknown field")
+            && let Some(at) = position
+            && let Some(tree) =
+                serde_saphyr::from_str_with_options::<Option<spans::Tree>>(text, parse_options())
+                    .ok()
+                    .flatten()
+            && let Some(field) = tree.path_at(at)
+        {
+            message = format!("{field}: {message}");
+        }
     }
     ConfigError::Syntax {
         origin: origin.to_string(),
         position,
         message,
     }
+}
+
+/// The parser's words for a value of the wrong type, said as what is expected: `invalid u32`
+/// becomes `expected a whole number from 0 to 4294967295`.
+fn plain_type_error(message: &str) -> String {
+    const NUMBERS: [(&str, &str); 4] = [
+        ("u8", "a whole number from 0 to 255"),
+        ("u16", "a whole number from 0 to 65535"),
+        ("u32", "a whole number from 0 to 4294967295"),
+        ("u64", "a whole number from 0 to 18446744073709551615"),
+    ];
+    for (ty, words) in NUMBERS {
+        if message == format!("invalid {ty}") {
+            return format!("expected {words}");
+        }
+        if let Some(found) = message
+            .strip_prefix("invalid type: ")
+            .and_then(|m| m.strip_suffix(&format!(", expected {ty}")))
+        {
+            return format!("expected {words}, found {found}");
+        }
+    }
+    if message == "invalid socket address syntax" {
+        return "expected an address and port such as 127.0.0.1:9464 or [::1]:9464".to_string();
+    }
+    message.to_string()
 }

@@ -78,6 +78,61 @@ impl Tree {
     }
 }
 
+impl Tree {
+    /// The path (`claims_api.max_message_bytes`) of the value written at `at`, or else of the
+    /// first value written after `at` on the same line: a parser error points at a value (or at
+    /// the start of its flow mapping) but does not name its field.
+    pub(crate) fn path_at(&self, at: Position) -> Option<String> {
+        let mut best: Option<(u64, String)> = None;
+        self.walk(&mut String::new(), &mut |pos, path| {
+            if pos.line == at.line && pos.column >= at.column {
+                let distance = pos.column - at.column;
+                if best.as_ref().is_none_or(|(d, _)| distance < *d) {
+                    best = Some((distance, path.to_string()));
+                }
+            }
+        });
+        best.map(|(_, path)| path)
+    }
+
+    fn walk(&self, path: &mut String, visit: &mut dyn FnMut(Position, &str)) {
+        let mut child = |path: &mut String, step: &str, node: &Spanned<Tree>| {
+            let len = path.len();
+            path.push_str(step);
+            let loc = node.referenced;
+            if loc.line() > 0 {
+                visit(
+                    Position {
+                        line: loc.line(),
+                        column: loc.column(),
+                    },
+                    path,
+                );
+            }
+            node.value.walk(path, visit);
+            path.truncate(len);
+        };
+        match self {
+            Tree::Leaf => {}
+            Tree::Map(entries) => {
+                for (key, node) in entries {
+                    let step = if path.is_empty() {
+                        key.clone()
+                    } else {
+                        format!(".{key}")
+                    };
+                    child(path, &step, node);
+                }
+            }
+            Tree::Seq(items) => {
+                for (i, node) in items.iter().enumerate() {
+                    child(path, &format!("[{i}]"), node);
+                }
+            }
+        }
+    }
+}
+
 struct TreeVisitor;
 
 impl<'de> Visitor<'de> for TreeVisitor {

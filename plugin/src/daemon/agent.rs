@@ -21,6 +21,16 @@ pub enum Injection {
     DeviceNodes,
 }
 
+impl Injection {
+    /// The name the config gives this way (`nri.cdi_injection`): `cdi` or `device-nodes`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Injection::Cdi => "cdi",
+            Injection::DeviceNodes => "device-nodes",
+        }
+    }
+}
+
 /// What a container is given when it is created.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerGrant {

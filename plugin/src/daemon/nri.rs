@@ -262,7 +262,7 @@ impl Plugin for NriPlugin {
         };
         *self.injection.lock().unwrap_or_else(|e| e.into_inner()) = chosen;
         tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version,
-            nri_version = %req.NRI_version, injection = ?chosen, "configured by the runtime");
+            nri_version = %req.NRI_version, injection = %chosen.as_str(), "configured by the runtime");
         Ok(None)
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nri_proto::{Stub, StubEvent, Updater};
-use policies::{Node, Registry};
+use policies::Registry;
 use tokio::task::JoinHandle;
 
 use super::{Agent, AgentSettings, ClaimsFacade, NriPlugin};
@@ -28,12 +28,9 @@ pub const NODE_LOCK_WAIT: Duration = Duration::from_secs(120);
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    /// Discovery could not read its root.
-    #[error("discovery: {0}")]
-    Discovery(#[from] crate::discovery::DiscoveryError),
-    /// The policy could not be built from the inventory and pools.
-    #[error("policy: {0}; fix the pools in the config")]
-    Policy(#[from] policies::PolicyError),
+    /// Discovery could not read its root, or the pools cannot be built over the inventory.
+    #[error("{0}")]
+    Check(#[from] crate::check::CheckError),
     /// Another nri-accel holds the node, or the lock file is unusable.
     #[error("node lock: {0}")]
     NodeLock(#[from] crate::nodelock::NodeLockError),
@@ -63,15 +60,29 @@ pub enum DaemonError {
     UnknownGroup(String),
 }
 
-/// What the daemon needs beyond the config (test and demo hooks).
-#[derive(Default)]
+/// What the daemon needs beyond the config: the policies pools may name, and test and demo
+/// hooks.
 pub struct DaemonOptions {
+    /// The policies pools may name (`kind: custom, policy: <name>`); the stock binary's are the
+    /// built-ins.
+    pub registry: Registry,
     /// Stop the engine at a named step (crash tests).
     pub crash: Option<CrashHook>,
     /// Use this boot id instead of the kernel's.
     pub boot_id: Option<String>,
     /// An already connected NRI socket (launched by the runtime on fd 3).
     pub nri_stream: Option<StdUnixStream>,
+}
+
+impl Default for DaemonOptions {
+    fn default() -> Self {
+        DaemonOptions {
+            registry: Registry::with_builtins(),
+            crash: None,
+            boot_id: None,
+            nri_stream: None,
+        }
+    }
 }
 
 /// A running daemon.
@@ -126,13 +137,14 @@ pub fn checkpoint_dir(config: &Config) -> PathBuf {
 impl Daemon {
     /// Starts everything up to the point where the runtime's Synchronize opens the gate.
     pub async fn start(config: &Config, opts: DaemonOptions) -> Result<Daemon, DaemonError> {
-        let found = crate::discovery::discover_root(&config.discovery)?;
-        for w in &found.warnings {
-            tracing::warn!("discovery: {w}");
+        // The same checks as `nri-accel check-config`, with the same warnings.
+        let checked = crate::check::check(config, &opts.registry)?;
+        let inventory = checked.node.inventory().clone();
+        tracing::info!(devices = inventory.devices.len(), cpus = %inventory.cpus, "inventory");
+        for w in &checked.warnings {
+            tracing::warn!("{w}");
         }
-        tracing::info!(devices = found.inventory.devices.len(), cpus = %found.inventory.cpus, "inventory");
-        let inventory = found.inventory.clone();
-        let node = Node::new(found.inventory, &config.pools, &Registry::with_builtins())?;
+        let node = checked.node;
 
         // The state dir and the CDI dir are opened once; every file operation after this goes
         // through their handles (a symbolic link as either is refused).
@@ -259,7 +271,7 @@ impl Daemon {
                 loop {
                     tick.tick().await;
                     match e.reconcile().await {
-                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = ?p.roll_back, orphans_removed = ?p.remove_specs, "periodic reconciliation repaired state"),
+                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = %p.roll_back.join(","), orphans_removed = %p.remove_specs.join(","), "periodic reconciliation repaired state"),
                         Ok(_) => {}
                         Err(err) => tracing::error!(error = %err, "periodic reconciliation failed"),
                     }
@@ -336,6 +348,15 @@ impl Daemon {
     /// Stops serving: closes the NRI connection, the claims API (its socket is
     /// unlinked) and the background tasks, then releases the node lock.
     pub async fn shutdown(mut self) {
+        // The background tasks go first: the connection watcher would otherwise report the close
+        // below as a lost connection ("reconnecting"), which is what an operator reads as the
+        // runtime going away.
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        // What the watcher does on a lost connection, said here: claims are refused from now on.
+        self.gate.close();
+        tracing::info!("closing the NRI connection and the claims API");
         self.stub.close();
         // Let the stub close its ttrpc server itself: aborting it half-way makes
         // the ttrpc crate's listener task panic on a dropped channel.
@@ -349,10 +370,7 @@ impl Daemon {
         if let Some(c) = self.claims.take()
             && let Err(e) = c.shutdown().await
         {
-            tracing::warn!(error = %e, "claims API shutdown");
-        }
-        for t in self.tasks.drain(..) {
-            t.abort();
+            tracing::warn!("claims API shutdown: {e}");
         }
     }
 }

@@ -88,6 +88,7 @@ pub fn to_request(spec: ClaimSpec) -> ClaimRequest {
                         Family::Exclusive => FamilyKind::Exclusive,
                         Family::Shared => FamilyKind::Shared,
                         Family::Sliced => FamilyKind::Sliced,
+                        Family::Custom(name) => FamilyKind::Custom(name),
                     }),
                     selector: DeviceSelector {
                         vendor: a.selector.vendor,

@@ -78,8 +78,9 @@ fn show_adjustment(fake: &FakeRuntime, id: &str) {
     }
 }
 
-/// Runs the demo; exits 0 when every step behaved as described.
-pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
+/// Runs the demo with `registry` as the daemon's policies; exits 0 when every step behaved as
+/// described.
+pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<ExitCode> {
     let tmp = tempfile::Builder::new()
         .prefix("nri-accel-demo-")
         .tempdir()
@@ -113,6 +114,7 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
         &cfg,
         crate::daemon::DaemonOptions {
             boot_id: Some("demo-boot".into()),
+            registry: registry.clone(),
             ..Default::default()
         },
     )
@@ -146,7 +148,7 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
     )
     .await?;
     println!(
-        "   specs in {}: {:?}",
+        "   specs in {}: {}",
         cfg.cdi.dir.display(),
         list_specs(&cfg.cdi.dir)
     );
@@ -220,7 +222,8 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
     };
     match client.prepare(vec![early.clone()]).await?.get("claim-next") {
         Some(Err(e)) => println!("   refused, as it must be: {e}"),
-        other => bail!("the early prepare was not refused: {other:?}"),
+        Some(Ok(_)) => bail!("the early prepare of claim-next was granted; it must be refused"),
+        None => bail!("the daemon did not answer for claim-next"),
     }
 
     step(
@@ -240,10 +243,11 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
             name: String::new(),
         }])
         .await?;
-    println!(
-        "   unprepare claim-whole: {:?}",
-        gone.get("claim-whole").map(|r| r.as_ref().map(|_| "ok"))
-    );
+    match gone.get("claim-whole") {
+        Some(Ok(())) => println!("   unprepare claim-whole: released"),
+        Some(Err(e)) => bail!("unprepare of claim-whole failed: {e}"),
+        None => bail!("the daemon did not answer for claim-whole"),
+    }
     let ids = prepare(&client, early).await?;
     println!("   claim-next now holds {}", ids.join(", "));
 
@@ -275,6 +279,7 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
         crate::daemon::DaemonOptions {
             boot_id: Some("demo-boot".into()),
             crash: Some(crash),
+            registry: registry.clone(),
             ..Default::default()
         },
     )
@@ -285,12 +290,13 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
     let answer = client
         .prepare(vec![count_claim("claim-crash", Family::Exclusive, None)])
         .await?;
+    match answer.get("claim-crash") {
+        Some(Err(e)) => println!("   prepare of claim-crash failed, as injected: {e}"),
+        Some(Ok(_)) => bail!("the prepare of claim-crash completed; the crash was not injected"),
+        None => bail!("the daemon did not answer for claim-crash"),
+    }
     println!(
-        "   prepare of claim-crash: {:?}",
-        answer.get("claim-crash").map(|r| r.as_ref().err())
-    );
-    println!(
-        "   on disk now: records include claim-crash, its spec is only a temp file: {:?}",
+        "   on disk now: records include claim-crash, its spec is only a temp file: {}",
         list_specs(&cfg.cdi.dir)
     );
     dying.shutdown().await;
@@ -298,14 +304,18 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
         &cfg,
         crate::daemon::DaemonOptions {
             boot_id: Some("demo-boot".into()),
+            registry: registry.clone(),
             ..Default::default()
         },
     )
     .await?;
     let plan = &restarted.startup_report().plan;
-    println!("   after restart: restored {:?}", plan.restore);
-    println!("   rolled back (record without spec): {:?}", plan.roll_back);
-    println!("   orphan specs removed: {:?}", plan.remove_specs);
+    println!("   after restart: restored {}", words(&plan.restore));
+    println!(
+        "   rolled back (record without spec): {}",
+        words(&plan.roll_back)
+    );
+    println!("   orphan specs removed: {}", words(&plan.remove_specs));
     if !plan.roll_back.contains(&"claim-crash".to_string()) {
         bail!("the half-prepared claim was not rolled back");
     }
@@ -314,7 +324,7 @@ pub async fn run(keep: bool) -> anyhow::Result<ExitCode> {
     let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
     prepare(&client, count_claim("claim-crash", Family::Exclusive, None)).await?;
     println!(
-        "   the retried prepare completes; specs: {:?}",
+        "   the retried prepare completes; specs: {}",
         list_specs(&cfg.cdi.dir)
     );
     restarted.shutdown().await;
@@ -332,7 +342,20 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("   {l}\n")).collect()
 }
 
-fn list_specs(dir: &std::path::Path) -> Vec<String> {
+/// Items as one comma-separated line, `none` when there are none.
+fn words<S: AsRef<str>>(items: &[S]) -> String {
+    if items.is_empty() {
+        return "none".to_string();
+    }
+    items
+        .iter()
+        .map(AsRef::as_ref)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The file names in the CDI dir, sorted, as one line.
+fn list_specs(dir: &std::path::Path) -> String {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())
@@ -341,5 +364,5 @@ fn list_specs(dir: &std::path::Path) -> Vec<String> {
         })
         .unwrap_or_default();
     v.sort();
-    v
+    words(&v)
 }

@@ -32,10 +32,10 @@ impl fmt::Display for DiscoveryWarning {
 pub enum DiscoveryError {
     /// The configured root has no readable `/sys`.
     #[error(
-        "discovery root {}: {} is not a readable directory; set discovery.root to the host's root \
-         or turn discovery.sysfs off and list devices in discovery.static_devices",
+        "discovery.root {}: {} is not a readable directory; set discovery.root to the host's \
+         root, or turn discovery.sysfs off and list devices in discovery.static_devices",
         root.display(),
-        path.display()
+        root.join(path.strip_prefix("/").unwrap_or(path)).display()
     )]
     Root {
         /// The configured root.

@@ -15,8 +15,15 @@ use nri_accel::claims_api::{ClaimRef, ClaimSpec, ClaimsClient, Family};
 use nri_proto::api::{Container, PodSandbox};
 use serde_json::Value;
 
-/// The real binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_nri-accel");
+/// The real binary under test: the stock `nri-accel`, or, when this harness is included by the
+/// example daemon's tests (`examples/spread-daemon`), that crate's `nri-accel-spread`.
+pub const BIN: &str = match option_env!("CARGO_BIN_EXE_nri-accel") {
+    Some(bin) => bin,
+    None => match option_env!("CARGO_BIN_EXE_nri-accel-spread") {
+        Some(bin) => bin,
+        None => panic!("no nri-accel binary is built for these tests"),
+    },
+};
 
 /// Generous bound for anything the tests wait for; never an assertion on speed.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -156,6 +163,17 @@ impl TestNode {
 
     /// Starts the daemon (`nri-accel run`) with `env` added to its environment.
     pub fn spawn(&self, env: &[(&str, &str)]) -> DaemonProc {
+        let (mut cmd, log) = self.run_command();
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        DaemonProc::spawn(cmd, log)
+    }
+
+    /// The `nri-accel run` command `spawn` starts, before it is started: stdout and stderr go to
+    /// a new log file in the node's dir (its path is the second item), logging at info through
+    /// `NRI_ACCEL_LOG`, nothing inherited that would change how it connects or logs.
+    pub fn run_command(&self) -> (Command, PathBuf) {
         static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = self.dir.path().join(format!("daemon-{n}.log"));
@@ -168,19 +186,14 @@ impl TestNode {
             .env_remove("NRI_PLUGIN_SOCKET")
             .env_remove("NOTIFY_SOCKET")
             .env_remove("RUST_LOG")
+            .env_remove("JOURNAL_STREAM")
+            .env_remove("NO_COLOR")
             .env_remove(nri_accel::engine::CRASH_ENV)
             .env("NRI_ACCEL_LOG", "info")
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(err);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn nri-accel run");
-        DaemonProc {
-            child: Some(child),
-            log,
-        }
+        (cmd, log)
     }
 
     /// Runs `nri-accel <args> --config <ours>` to completion; (status, stdout, stderr).
@@ -290,6 +303,15 @@ pub struct DaemonProc {
 }
 
 impl DaemonProc {
+    /// Starts `cmd`, whose output goes to `log`.
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> DaemonProc {
+        let child = cmd.spawn().expect("spawn nri-accel run");
+        DaemonProc {
+            child: Some(child),
+            log,
+        }
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)

@@ -3,9 +3,11 @@
 //! jobs that want memory bandwidth on every socket rather than locality.
 //!
 //! It implements [`Policy`] directly and registers through the same
-//! [`Registry`] door as the built-ins. `docs/policy-guide.md` walks through it;
-//! `tests/example_policy.rs` exercises it. Run `cargo run -p nri-accel-policies
-//! --example spread` to see it hand out devices.
+//! [`policies::Registry`] door as the built-ins; `src/main.rs` turns it into a
+//! whole nri-accel daemon. `docs/policy-guide.md` walks through both (its Rust
+//! code is compiled as this crate's doc-tests, below), `tests/policy.rs`
+//! drives the policy through the node and `tests/daemon.rs` drives the built
+//! daemon end to end.
 
 use std::collections::BTreeMap;
 
@@ -302,62 +304,9 @@ impl Policy for Spread {
     }
 }
 
-/// Builds a node with two NUMA nodes and shows the spread.
-#[allow(dead_code)]
-fn main() {
-    use policies::{Ask, ClaimRequest, CountRequest, CpuSet, Inventory, Node, Registry};
-
-    let mut registry = Registry::with_builtins();
-    registry.register(NAME, factory);
-    let devices = (0..4)
-        .map(|i| Device {
-            id: format!("gpu{i}"),
-            vendor: "nvidia".to_string(),
-            model: "example".to_string(),
-            pci_address: None,
-            pci_id: None,
-            numa_node: Some(i / 2),
-            local_cpus: CpuSet::new(),
-            memory_mib: 0,
-            compute_units: 0,
-            driver: None,
-            nodes: Vec::new(),
-            control_nodes: Vec::new(),
-        })
-        .collect();
-    let pool = PoolConfig {
-        name: "wide".to_string(),
-        select: Default::default(),
-        family: FamilyConfig::Custom {
-            policy: NAME.to_string(),
-            params: Default::default(),
-        },
-        cpus_per_device: 0,
-    };
-    let inventory = Inventory {
-        devices,
-        cpus: "0-7".parse().unwrap_or_default(),
-    };
-    let mut node = match Node::new(inventory, &[pool], &registry) {
-        Ok(node) => node,
-        Err(e) => return eprintln!("{e}"),
-    };
-    let claim = ClaimRequest {
-        uid: "demo".to_string(),
-        namespace: "default".to_string(),
-        name: "wide-job".to_string(),
-        ask: Ask::Count(vec![CountRequest {
-            request: "gpus".to_string(),
-            count: 2,
-            ..CountRequest::default()
-        }]),
-    };
-    match node.allocate(&claim) {
-        Ok(out) => {
-            for g in &out.allocation.results {
-                println!("{} -> {} ({})", g.request, g.device, g.device_id);
-            }
-        }
-        Err(refusal) => println!("{refusal}"),
-    }
-}
+/// `docs/policy-guide.md`, compiled as doc-tests: every `rust` block of the guide builds against
+/// this crate's dependencies (`nri-accel`, `nri-accel-policies`), so the guide cannot drift from
+/// the API it documents.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/policy-guide.md")]
+pub struct PolicyGuide;

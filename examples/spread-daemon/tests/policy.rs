@@ -1,10 +1,9 @@
-//! The policy-guide example (`examples/spread.rs`), registered through the
-//! same Registry door as the built-ins and driven through the Node.
+//! The policy-guide example (`src/lib.rs`), registered through the same
+//! Registry door as the built-ins and driven through the Node.
 
+// The policies crate's own test fixtures (devices shaped like real GPUs), shared rather than copied.
+#[path = "../../../policies/tests/common/mod.rs"]
 mod common;
-
-#[path = "../examples/spread.rs"]
-mod spread;
 
 use std::collections::BTreeMap;
 
@@ -108,6 +107,8 @@ fn unregistered_policy_is_a_config_error() {
     .unwrap();
     assert_eq!(
         err.to_string(),
-        "pool wide: no policy is registered under the name spread; register it or fix the pool's family"
+        "pool wide: no policy is registered under the name spread; this build registers \
+         exclusive, shared, sliced: use one of those, or run a daemon built with spread \
+         (docs/policy-guide.md)"
     );
 }

@@ -1,0 +1,138 @@
+//! The whole `nri-accel` binary as a library function, so a policy author's crate can build the
+//! same daemon and CLI with its own policies registered (docs/policy-guide.md):
+//!
+//! ```no_run
+//! use std::process::ExitCode;
+//!
+//! fn main() -> ExitCode {
+//!     let registry = policies::Registry::with_builtins();
+//!     // registry.register("my-policy", my_policy::factory);
+//!     nri_accel::cli::main_with(registry)
+//! }
+//! ```
+
+use std::process::ExitCode;
+
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
+use policies::Registry;
+
+use super::{Cli, Command};
+use crate::logging::LogSettings;
+
+/// The version `--version` prints for a build with these policies: the crate version, and the
+/// policies beyond the built-ins when there are any, so an operator can tell a custom build from
+/// the stock one (`nri-accel 0.1.0 (extra policies: spread)`).
+pub fn version_text(registry: &Registry) -> String {
+    let extra: Vec<&str> = registry.extra_names().collect();
+    if extra.is_empty() {
+        env!("CARGO_PKG_VERSION").to_string()
+    } else {
+        format!(
+            "{} (extra policies: {})",
+            env!("CARGO_PKG_VERSION"),
+            extra.join(", ")
+        )
+    }
+}
+
+/// Runs the nri-accel command line with `registry` as the policies pools may name: parses the
+/// arguments, sets up logging, runs the subcommand and answers the process exit code. The stock
+/// binary is `main_with(Registry::with_builtins())`.
+pub fn main_with(registry: Registry) -> ExitCode {
+    crate::allocator::return_large_buffers();
+    // Leaked once per process: clap keeps the version as a `&'static str`.
+    let version: &'static str = Box::leak(version_text(&registry).into_boxed_str());
+    let matches = Cli::command().version(version).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let config_given = matches.value_source("config") == Some(ValueSource::CommandLine);
+    if matches!(cli.command, Command::Demo { .. }) && config_given {
+        eprintln!(
+            "nri-accel: demo runs on its own simulated node and takes no --config; run it \
+             without --config (check a config with nri-accel check-config)"
+        );
+        return ExitCode::from(2);
+    }
+
+    // The daemon logs as its config says; the config is read before the subscriber exists, so a
+    // config error is printed plainly.
+    let daemon_config = match cli.command {
+        Command::Run => match super::read_config(&cli.config) {
+            Ok(loaded) => Some(loaded),
+            Err(e) => {
+                LogSettings::decide(cli.log.as_deref(), None).install();
+                eprintln!("nri-accel: {}", error_chain(&e));
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
+    LogSettings::decide(
+        cli.log.as_deref(),
+        daemon_config.as_ref().map(|(c, _)| &c.log),
+    )
+    .install();
+
+    let runtime = match cli.command {
+        // The daemon and the demo serve sockets: two workers. The one-shot commands run on the
+        // calling thread, so nothing of theirs is still running when the process exits.
+        Command::Run | Command::Demo { .. } => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("nri-accel: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match daemon_config {
+        Some((config, defaulted)) => {
+            if defaulted {
+                super::note_defaults();
+            }
+            super::run::drop_privileges(&config);
+            match runtime.block_on(super::run::run(&config, &registry)) {
+                Ok(code) => code,
+                Err(e) => {
+                    // The daemon's last word goes through its log, in its format and at error
+                    // priority under journald.
+                    tracing::error!("{}", error_chain(&e));
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        None => match runtime.block_on(super::dispatch(cli, &registry)) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("nri-accel: {}", error_chain(&e));
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// The error and its causes in one line, each said once: many of our errors already put their
+/// cause in their own message (`checkpoint: {0}`), and `{:#}` would repeat it after a colon.
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}

@@ -1,0 +1,212 @@
+//! What the .deb packages install, checked from their metadata without building them (the
+//! packaging CI step, `packaging/ci-check.sh`, builds the stock one and checks its contents):
+//! every doc an installed file points to is installed too, and the short description is one line.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Where the docs land on a node.
+const DOC_DIR: &str = "usr/share/doc/nri-accel/";
+
+/// The packages of the workspace that carry `[package.metadata.deb]`, with their manifest dirs.
+fn deb_packages() -> Vec<(String, PathBuf, Value)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    doc["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .filter(|p| p["metadata"]["deb"].is_object())
+        .map(|p| {
+            let manifest = PathBuf::from(p["manifest_path"].as_str().expect("manifest"));
+            (
+                p["name"].as_str().unwrap_or_default().to_string(),
+                manifest.parent().expect("dir").to_path_buf(),
+                p.clone(),
+            )
+        })
+        .collect()
+}
+
+/// `name.md` words and `/usr/share/doc/nri-accel/...` paths in `text`.
+fn references(text: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut docs = BTreeSet::new();
+    let mut paths = BTreeSet::new();
+    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    for (i, _) in text.match_indices(".md") {
+        if text[i + 3..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
+            continue;
+        }
+        let start = text[..i].rfind(|c: char| !is_word(c)).map_or(0, |s| s + 1);
+        // `docs/x.md` and a bare `x.md` name a doc; another path (`packaging/README.md`) names a
+        // source file, not something installed under that name.
+        let in_other_dir = text[..start].ends_with('/') && !text[..start].ends_with("docs/");
+        if start < i && !in_other_dir {
+            docs.insert(format!("{}.md", &text[start..i]));
+        }
+    }
+    let absolute = format!("/{DOC_DIR}");
+    for (i, _) in text.match_indices(&absolute) {
+        let rest = &text[i + 1..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || "`)'\"".contains(c))
+            .unwrap_or(rest.len());
+        paths.insert(
+            rest[..end]
+                .trim_end_matches(['.', ',', ';', ':'])
+                .to_string(),
+        );
+    }
+    (docs, paths)
+}
+
+/// An asset's files and where each lands: a `dir/*.ext` source is every such file of `dir`, and
+/// a destination ending in `/` is a directory (cargo-deb's rules for the two forms used here).
+fn expand(source: &Path, dest: &str) -> Vec<(PathBuf, String)> {
+    let name = source
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let files: Vec<PathBuf> = match name.strip_prefix('*') {
+        Some(suffix) => {
+            let dir = source.parent().expect("a directory");
+            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.to_str().is_some_and(|p| p.ends_with(suffix)))
+                .collect();
+            found.sort();
+            found
+        }
+        None => vec![source.to_path_buf()],
+    };
+    files
+        .into_iter()
+        .map(|f| {
+            let to = if dest.ends_with('/') {
+                format!(
+                    "{dest}{}",
+                    f.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+                )
+            } else {
+                dest.to_string()
+            };
+            (f, to)
+        })
+        .collect()
+}
+
+#[test]
+fn every_doc_an_installed_file_points_to_is_installed() {
+    let packages = deb_packages();
+    assert!(packages.iter().any(|(n, _, _)| n == "nri-accel"));
+    for (name, dir, package) in &packages {
+        let deb = &package["metadata"]["deb"];
+        let mut installed: Vec<(PathBuf, String)> = deb["assets"]
+            .as_array()
+            .expect("assets")
+            .iter()
+            .flat_map(|a| {
+                expand(
+                    &dir.join(a[0].as_str().expect("source")),
+                    a[1].as_str().expect("destination"),
+                )
+            })
+            .collect();
+        let unit_dir = deb["systemd-units"]["unit-scripts"]
+            .as_str()
+            .expect("unit dir");
+        let unit = deb["systemd-units"]["unit-name"]
+            .as_str()
+            .expect("unit name");
+        installed.push((
+            dir.join(unit_dir).join(format!("{unit}.service")),
+            format!("usr/lib/systemd/system/{unit}.service"),
+        ));
+        let dests: BTreeSet<&str> = installed.iter().map(|(_, d)| d.as_str()).collect();
+        let mut missing = Vec::new();
+        for (source, dest) in &installed {
+            let text_file = [".md", ".yaml", ".conf", ".toml", ".service"]
+                .iter()
+                .any(|ext| dest.ends_with(ext));
+            if !text_file {
+                continue;
+            }
+            let text = std::fs::read_to_string(source)
+                .unwrap_or_else(|e| panic!("{name}: {}: {e}", source.display()));
+            let (docs, paths) = references(&text);
+            for doc in docs {
+                if !dests.contains(format!("{DOC_DIR}{doc}").as_str()) {
+                    missing.push(format!(
+                        "{dest} mentions {doc}, which {name} does not install"
+                    ));
+                }
+            }
+            for path in paths {
+                let dir_ref = path.ends_with('/');
+                let found = dests.iter().any(|d| {
+                    if dir_ref {
+                        d.starts_with(&path)
+                    } else {
+                        *d == path
+                    }
+                });
+                if !found {
+                    missing.push(format!(
+                        "{dest} points to /{path}, which {name} does not install"
+                    ));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+}
+
+#[test]
+fn the_short_description_is_one_line_of_a_package_list() {
+    for (name, _, package) in deb_packages() {
+        let short = package["description"].as_str().unwrap_or_default();
+        // cargo-deb cuts a longer description at 79 characters and the rest wraps into the long
+        // description that `apt show` prints.
+        assert!(
+            !short.is_empty() && short.chars().count() <= 79 && !short.contains('\n'),
+            "{name}: description {short:?} is not one line of at most 79 characters"
+        );
+        assert!(
+            !short.to_ascii_lowercase().starts_with(&name),
+            "{name}: the short description repeats the package name"
+        );
+    }
+}
+
+#[test]
+fn references_are_found_in_prose_and_paths() {
+    let (docs, paths) = references(
+        "see docs/state.md, and [refusals](refusals.md); /usr/share/doc/nri-accel/examples/x.conf \
+         and `/usr/share/doc/nri-accel/`; packaging/README.md is a source file.",
+    );
+    assert_eq!(
+        docs,
+        BTreeSet::from(["state.md".to_string(), "refusals.md".to_string()])
+    );
+    assert_eq!(
+        paths,
+        BTreeSet::from([
+            "usr/share/doc/nri-accel/examples/x.conf".to_string(),
+            "usr/share/doc/nri-accel/".to_string()
+        ])
+    );
+    assert!(Path::new(DOC_DIR).is_relative());
+}
