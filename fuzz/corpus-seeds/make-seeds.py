@@ -142,13 +142,35 @@ put("claims_api", "prepare-list-status", b"\x00" + calls([
 ]))
 put("claims_api", "raw-request", b"\x01" + struct.pack(">IIBB", 2, 1, 1, 0) + b"\x0a\x00")
 
-# --- checkpoint: [mode][boot][split u16 LE] then snapshot | wal ---
-entries = b""
-for payload in [b'{"PutRecord":["uid-1",{}]}', b'{"DeleteRecord":"uid-1"}', b'{"PutPending":["ctr",{}]}']:
-    entries += struct.pack("<H", len(payload)) + payload
-put("checkpoint", "framed-wal", bytes([0x06, 0x00]) + struct.pack("<H", 0) + entries)
-put("checkpoint", "framed-both", bytes([0x07, 0x22]) + struct.pack("<H", len(entries)) + entries + entries)
-put("checkpoint", "torn-wal", bytes([0x3e, 0x00]) + struct.pack("<H", 0) + entries)
-hdr = b"NRIACWAL" + struct.pack("<IQ", 1, 1) + bytes([9]) + b"fuzz-boot"
+# --- checkpoint: [mode][boot][split u16 LE] then snapshot | wal (format version 2) ---
+record = (b'{"allocation":{"claim_uid":"uid-1","namespace":"ns","name":"c","results":[{"request":"r",'
+          b'"pool":"whole","device":"gpu0","device_id":"gpu0","unit":{"kind":"whole"}}],"cpus":"2"},'
+          b'"origin":{"kind":"claims-api"}}')
+pending = b'{"seq":3,"cpus":"0-1,3","mems":"0"}'
+wal_payloads = [
+    b'{"seq":1,"changes":[{"PutRecord":["uid-1",' + record + b']},{"PutPending":["ctr",' + pending + b']}]}',
+    b'{"seq":2,"changes":[{"DeleteRecord":"uid-1"}]}',
+    b'{"seq":3,"changes":[{"PutRecord":["uid-1",' + record + b']},{"DeletePending":"ctr"}]}',
+]
+
+
+def framed_entries(payloads):
+    return b"".join(struct.pack("<H", len(p)) + p for p in payloads)
+
+
+wal_entries = framed_entries(wal_payloads)
+snap_entries = framed_entries([
+    b'{"Record":["uid-1",1,' + record + b']}',
+    b'{"Pending":["ctr",' + pending + b']}',
+    b'{"End":{"records":1,"pending":1,"seq":1}}',
+])
+put("checkpoint", "framed-wal", bytes([0x06, 0x00]) + struct.pack("<H", 0) + wal_entries)
+# The snapshot folds in commit 1; its log (same generation 1, boot selector 0x12) goes on at 2.
+later = framed_entries(wal_payloads[1:])
+put("checkpoint", "framed-both", bytes([0x07, 0x12]) + struct.pack("<H", len(snap_entries)) + snap_entries + later)
+# The same log with an older generation than the snapshot (a crash during compaction).
+put("checkpoint", "framed-both-older-log", bytes([0x07, 0x22]) + struct.pack("<H", len(snap_entries)) + snap_entries + later)
+put("checkpoint", "torn-wal", bytes([0x3e, 0x00]) + struct.pack("<H", 0) + wal_entries)
+hdr = b"NRIACWAL" + struct.pack("<IQ", 2, 1) + bytes([9]) + b"fuzz-boot"
 hdr += struct.pack("<I", zlib.crc32(hdr))
 put("checkpoint", "raw-wal-header", bytes([0x02, 0x00]) + struct.pack("<H", 0) + hdr)
