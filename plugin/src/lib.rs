@@ -10,6 +10,7 @@ pub mod demo;
 pub mod discovery;
 pub mod engine;
 pub mod gate;
+pub mod kube;
 pub mod metrics;
 pub mod nodelock;
 pub mod notify;

@@ -84,6 +84,12 @@ pub enum Command {
         /// Claim UID.
         uid: String,
     },
+    /// Delete the ResourceSlices this node published (run by package removal; stop the daemon first).
+    Cleanup {
+        /// Also when `dra.enabled` is false in the config.
+        #[arg(long)]
+        force: bool,
+    },
     /// Compare records and specs and show (or do) what reconciliation would do.
     Reconcile {
         /// Only show what would be done.
@@ -94,6 +100,7 @@ pub enum Command {
 
 mod check_config;
 mod claims;
+mod cleanup;
 mod discover;
 mod reconcile;
 pub mod run;
@@ -142,5 +149,6 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Unprepare { uid } => claims::unprepare(&cli.config, uid).await,
         Command::Reconcile { dry_run } => reconcile::run(&cli.config, dry_run).await,
+        Command::Cleanup { force } => cleanup::run(&cli.config, force).await,
     }
 }

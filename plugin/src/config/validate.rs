@@ -90,6 +90,27 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             ),
         )?;
     }
+    let driver = &cfg.dra.driver_name;
+    if !crate::kube::names::is_driver_name(driver) {
+        fail(
+            vec![Key("dra"), Key("driver_name")],
+            format!(
+                "driver name {driver:?} must be a DNS subdomain ([a-z0-9.-]) of at most 63 characters, e.g. accel.nri.io"
+            ),
+        )?;
+    }
+    let node = &cfg.kubernetes.node_name;
+    if !node.is_empty() && !crate::kube::names::is_dns_subdomain(node) {
+        fail(
+            vec![Key("kubernetes"), Key("node_name")],
+            format!(
+                "node name {node:?} must be a DNS subdomain ([a-z0-9.-], at most 253 characters) as Kubernetes names nodes"
+            ),
+        )?;
+    }
+    if let Some(path) = &cfg.kubernetes.kubeconfig {
+        absolute(path, vec![Key("kubernetes"), Key("kubeconfig")])?;
+    }
     if let Some(addr) = cfg.metrics.listen
         && !addr.ip().is_loopback()
     {

@@ -61,7 +61,11 @@ pub struct Agent {
     engine: Arc<Engine>,
     settings: AgentSettings,
     containers: Mutex<ContainerMap>,
+    kubernetes: std::sync::OnceLock<KubernetesStatus>,
 }
+
+/// Gives the `kubernetes` member of the status document (set when the Kubernetes side runs).
+pub type KubernetesStatus = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// The claim UID of a container's annotation claim.
 pub fn annotation_claim_uid(container_id: &str) -> String {
@@ -80,7 +84,13 @@ impl Agent {
             engine,
             settings,
             containers: Mutex::new(ContainerMap::default()),
+            kubernetes: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Adds the Kubernetes side's state to `status` (once; later calls are ignored).
+    pub fn set_kubernetes_status(&self, source: KubernetesStatus) {
+        let _ = self.kubernetes.set(source);
     }
 
     /// The engine the agent drives.
@@ -282,6 +292,7 @@ impl Agent {
             policy: self.engine.snapshot(),
             containers: self.container_claims(),
             pending_updates: self.engine.pending_updates(),
+            kubernetes: self.kubernetes.get().map(|f| f()),
         };
         self.engine
             .with_claims(|claims| super::status::render(&parts, claims))

@@ -54,6 +54,9 @@ pub enum DaemonError {
     /// The NRI stub could not be set up.
     #[error("NRI: {0}")]
     Nri(#[from] nri_proto::StubError),
+    /// `dra.enabled` but the Kubernetes side cannot start (node name, credentials).
+    #[error("Kubernetes: {0}")]
+    Kubernetes(#[from] crate::kube::KubeError),
     /// The configured claims group does not exist.
     #[error("claims_api.group {0:?} is not a group on this host; create it or remove the setting")]
     UnknownGroup(String),
@@ -82,6 +85,7 @@ pub struct Daemon {
     tasks: Vec<JoinHandle<()>>,
     report: StartupReport,
     nri_ended: tokio::sync::watch::Receiver<bool>,
+    kube: Option<crate::kube::KubeSide>,
     _lock: NodeLockGuard,
 }
 
@@ -183,6 +187,15 @@ impl Daemon {
             },
         ));
 
+        // Publishing never waits for the API server; only bad credentials stop the start.
+        let kube = if config.dra.enabled {
+            let side = crate::kube::KubeSide::start(config, &engine).await?;
+            agent.set_kubernetes_status(Box::new(side.status_source()));
+            Some(side)
+        } else {
+            None
+        };
+
         let gate = Gate::new();
         let metrics = Arc::new(Metrics::new());
         let health = HealthState::new();
@@ -282,6 +295,7 @@ impl Daemon {
             tasks,
             report,
             nri_ended,
+            kube,
             _lock: guard,
         })
     }
@@ -304,6 +318,11 @@ impl Daemon {
     /// What /healthz reports.
     pub fn health(&self) -> &HealthState {
         &self.health
+    }
+
+    /// The Kubernetes side, when `dra.enabled`.
+    pub fn kube(&self) -> Option<&crate::kube::KubeSide> {
+        self.kube.as_ref()
     }
 
     /// What startup reconciled.
@@ -340,6 +359,10 @@ impl Daemon {
         }
         for t in self.tasks.drain(..) {
             t.abort();
+        }
+        // What is published stays: the devices are still there. `nri-accel cleanup` removes it.
+        if let Some(k) = self.kube.take() {
+            k.publisher().stop();
         }
     }
 }
