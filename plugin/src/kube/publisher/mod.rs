@@ -279,7 +279,10 @@ async fn run(
                 tokio::select! {
                     _ = changed(&mut source) => {}
                     _ = changed(&mut unhealthy) => {}
-                    _ = tokio::time::sleep(config.resync) => {}
+                    _ = tokio::time::sleep(config.resync) => {
+                        // Probe again: gates turned on since are picked up here.
+                        session = None;
+                    }
                 }
             }
             Err(e) => {
