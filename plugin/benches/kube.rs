@@ -18,43 +18,18 @@ mod proc_node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fake_runtime::FakeRuntime;
 use kube_sim::apiserver::{ApiServer, RESOURCE_SLICES};
-use nri_accel::claims_api::{ClaimAsk, ClaimSpec, ClaimsClient, CountAsk, Family, Selector};
 use nri_accel::kube::publisher::{PublishSource, PublisherConfig};
 use nri_accel::kube::slices::{self, Capabilities, PoolInput, layout};
 use nri_accel::kube::{KubeClient, KubeSide};
 use policies::{Inventory, Node, Registry};
-use proc_node::{DaemonProc, Layout};
+use proc_node::{DaemonProc, Layout, env_usize, fill, ms, pct};
 
 const NODE: &str = "bench-node";
 const DRIVER: &str = "accel.nri.io";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn pct(mut v: Vec<Duration>) -> String {
-    v.sort();
-    let n = v.len();
-    let p = |q: f64| v[((n as f64 * q) as usize).min(n - 1)];
-    format!(
-        "p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms  (n={n})",
-        ms(p(0.5)),
-        ms(p(0.99)),
-        ms(v[n - 1])
-    )
-}
 
 /// The publish source of a node laid out as `layout` (proc_node's simulated GPUs).
 fn source(layout: Layout) -> PublishSource {
@@ -180,45 +155,6 @@ async fn publish_bench(samples: usize) {
     }
 }
 
-fn spec(uid: &str) -> ClaimSpec {
-    ClaimSpec {
-        uid: uid.into(),
-        namespace: "bench".into(),
-        name: format!("{uid}-claim"),
-        ask: ClaimAsk::Count(vec![CountAsk {
-            request: "gpu".into(),
-            count: 1,
-            family: Family::Shared,
-            selector: Selector::default(),
-            profile: None,
-            shares: None,
-        }]),
-    }
-}
-
-async fn fill(socket: &Path, to: usize) {
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let c = ClaimsClient::connect(socket).await.unwrap();
-        let next = next.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                if i >= to {
-                    break;
-                }
-                let uid = format!("held-{i}");
-                let r = c.prepare(vec![spec(&uid)]).await.unwrap();
-                assert!(matches!(r.get(&uid), Some(Ok(_))), "prepare {uid}: {r:?}");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-}
-
 fn rss_mib(d: &DaemonProc) -> f64 {
     d.rss_kib().unwrap_or(0) as f64 / 1024.0
 }
@@ -266,7 +202,7 @@ async fn rss_run(base: &Path, dra: bool, claims: usize) {
         rss_mib(&d)
     );
     if claims > 0 {
-        fill(&cfg.claims_api.socket, claims).await;
+        fill(&cfg.claims_api.socket, 0, claims).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         println!(
             "daemon RSS with {claims} claims, dra.enabled {what}: {:.1} MiB",

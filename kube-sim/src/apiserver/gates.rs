@@ -43,6 +43,17 @@ fn devices(spec: &Value) -> impl Iterator<Item = &Value> {
     spec["devices"].as_array().into_iter().flatten()
 }
 
+/// The devices of a slice's spec, mutable.
+fn devices_mut(
+    spec: &mut serde_json::Map<String, Value>,
+) -> impl Iterator<Item = &mut serde_json::Map<String, Value>> {
+    spec.get_mut("devices")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+}
+
 fn device_uses(spec: &Value, test: impl Fn(&Value) -> bool) -> bool {
     devices(spec).any(test)
 }
@@ -70,15 +81,8 @@ pub fn drop_disabled_slice_fields(gates: Gates, obj: &mut Value, old: Option<&Va
         })
     {
         spec.remove("sharedCounters");
-        for d in spec
-            .get_mut("devices")
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(d) = d.as_object_mut() {
-                d.remove("consumesCounters");
-            }
+        for d in devices_mut(spec) {
+            d.remove("consumesCounters");
         }
     }
     if !gates.consumable_capacity
@@ -91,13 +95,7 @@ pub fn drop_disabled_slice_fields(gates: Gates, obj: &mut Value, old: Option<&Va
             })
         })
     {
-        for d in spec
-            .get_mut("devices")
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            let Some(d) = d.as_object_mut() else { continue };
+        for d in devices_mut(spec) {
             d.remove("allowMultipleAllocations");
             for c in d
                 .get_mut("capacity")
@@ -112,15 +110,8 @@ pub fn drop_disabled_slice_fields(gates: Gates, obj: &mut Value, old: Option<&Va
         }
     }
     if !gates.device_taints && !old_uses(&|s| device_uses(s, |d| nonempty(&d["taints"]))) {
-        for d in spec
-            .get_mut("devices")
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(d) = d.as_object_mut() {
-                d.remove("taints");
-            }
+        for d in devices_mut(spec) {
+            d.remove("taints");
         }
     }
 }

@@ -80,37 +80,13 @@ mod tests {
             bus.join("0000:3b:00.0"),
         )
         .unwrap();
+        let gpu = |id: &str, pci: Option<&str>| policies::Device {
+            id: id.into(),
+            pci_address: pci.map(str::to_string),
+            ..crate::demo::simulated_gpu(0, 0, Default::default(), String::new())
+        };
         let inventory = Inventory {
-            devices: vec![
-                policies::Device {
-                    id: "g0".into(),
-                    vendor: "nvidia".into(),
-                    model: String::new(),
-                    pci_address: Some("0000:3b:00.0".into()),
-                    pci_id: None,
-                    numa_node: None,
-                    local_cpus: Default::default(),
-                    memory_mib: 0,
-                    compute_units: 0,
-                    driver: None,
-                    nodes: vec![],
-                    control_nodes: vec![],
-                },
-                policies::Device {
-                    id: "static".into(),
-                    vendor: "x".into(),
-                    model: String::new(),
-                    pci_address: None,
-                    pci_id: None,
-                    numa_node: None,
-                    local_cpus: Default::default(),
-                    memory_mib: 0,
-                    compute_units: 0,
-                    driver: None,
-                    nodes: vec![],
-                    control_nodes: vec![],
-                },
-            ],
+            devices: vec![gpu("g0", Some("0000:3b:00.0")), gpu("static", None)],
             cpus: Default::default(),
         };
         let roots = pcie_roots(&RootFs::new(dir.path()), &inventory);

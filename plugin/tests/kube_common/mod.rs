@@ -19,21 +19,12 @@ pub const NODE: &str = "node-1";
 /// Longest a test waits for the publisher.
 pub const WAIT: Duration = Duration::from_secs(30);
 
-/// A GPU with id `id` on NUMA node `numa`.
+/// The demo's simulated GPU under id `id`, on NUMA node `numa`, without a PCI address.
 pub fn gpu(id: &str, numa: u32) -> Device {
     Device {
         id: id.into(),
-        vendor: "nvidia".into(),
-        model: "H100".into(),
         pci_address: None,
-        pci_id: Some("10de:2330".into()),
-        numa_node: Some(numa),
-        local_cpus: Default::default(),
-        memory_mib: 81920,
-        compute_units: 132,
-        driver: Some("nvidia".into()),
-        nodes: vec![],
-        control_nodes: vec![],
+        ..nri_accel::demo::simulated_gpu(0, numa, Default::default(), String::new())
     }
 }
 

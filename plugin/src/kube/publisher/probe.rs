@@ -11,38 +11,30 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, Counter, CounterSet, Device, DeviceCapacity, DeviceCounterConsumption,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::call;
-use super::wire::PoolMeta;
+use super::wire::{self, PoolMeta};
 use crate::kube::slices::Capabilities;
+use crate::kube::slices::layout::Body;
 use crate::kube::{KubeApi, KubeError};
 
 const PROBE: &str = "nri-accel-probe";
 
-fn probe_slice(meta: &PoolMeta, spec: ResourceSliceSpec) -> ResourceSlice {
-    ResourceSlice {
-        metadata: ObjectMeta {
-            generate_name: Some(format!(
-                "{}-probe-",
-                crate::kube::slices::layout::name_base(&meta.node, &meta.driver)
-            )),
-            ..ObjectMeta::default()
-        },
-        spec: ResourceSliceSpec {
-            driver: meta.driver.clone(),
-            node_name: Some(meta.node.clone()),
-            pool: ResourcePool {
-                name: meta.pool.clone(),
-                generation: 0,
-                resource_slice_count: 1,
-            },
-            ..spec
-        },
-    }
+/// A probe slice: the pool's own driver, node and pool, a generated name, no owner.
+fn probe_slice(meta: &PoolMeta, body: Body) -> ResourceSlice {
+    let mut slice = wire::render(meta, "", None, 0, 1, &body);
+    slice.metadata = ObjectMeta {
+        generate_name: Some(format!(
+            "{}-probe-",
+            crate::kube::slices::layout::name_base(&meta.node, &meta.driver)
+        )),
+        ..ObjectMeta::default()
+    };
+    slice
 }
 
 fn one() -> BTreeMap<String, Counter> {
@@ -97,13 +89,10 @@ pub async fn probe(
 ) -> Result<Capabilities, KubeError> {
     let counters = probe_slice(
         meta,
-        ResourceSliceSpec {
-            shared_counters: Some(vec![CounterSet {
-                name: PROBE.into(),
-                counters: one(),
-            }]),
-            ..ResourceSliceSpec::default()
-        },
+        Body::Counters(vec![CounterSet {
+            name: PROBE.into(),
+            counters: one(),
+        }]),
     );
     let sets_kept = match call(
         timeout,
@@ -116,15 +105,7 @@ pub async fn probe(
         Err(KubeError::Invalid { .. }) => false,
         Err(e) => return Err(e),
     };
-    let devices = |consumes| {
-        probe_slice(
-            meta,
-            ResourceSliceSpec {
-                devices: Some(vec![probe_device(consumes)]),
-                ..ResourceSliceSpec::default()
-            },
-        )
-    };
+    let devices = |consumes| probe_slice(meta, Body::Devices(vec![probe_device(consumes)]));
     let (consumes_kept, multiple) = match call(
         timeout,
         "a dry-run ResourceSlice",

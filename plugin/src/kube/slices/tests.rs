@@ -11,20 +11,12 @@ use super::layout::{self, Body, Existing, Write};
 use super::limits::*;
 use super::*;
 
+/// The demo's simulated GPU under id `id` (PCI address `0000:<id>:00.0`).
 fn gpu(id: &str, numa: u32) -> Device {
+    let pci = format!("0000:{id}:00.0");
     Device {
         id: id.into(),
-        vendor: "nvidia".into(),
-        model: "H100 SXM5 80GB".into(),
-        pci_address: Some(format!("0000:{id}:00.0")),
-        pci_id: Some("10de:2330".into()),
-        numa_node: Some(numa),
-        local_cpus: Default::default(),
-        memory_mib: 81920,
-        compute_units: 132,
-        driver: Some("nvidia".into()),
-        nodes: vec![],
-        control_nodes: vec![],
+        ..crate::demo::simulated_gpu(0, numa, Default::default(), pci)
     }
 }
 
@@ -145,7 +137,7 @@ fn whole_devices_carry_the_attributes_a_device_class_selects_on() {
     assert_eq!(attr(d, "pool").string.as_deref(), Some("whole"));
     assert_eq!(attr(d, "type").string.as_deref(), Some("device"));
     let cap = d.capacity.as_ref().unwrap();
-    assert_eq!(cap["memory"].value.0, "81920Mi");
+    assert_eq!(cap["memory"].value.0, "81559Mi");
     assert_eq!(cap["computeUnits"].value.0, "132");
     assert!(d.allow_multiple_allocations.is_none() && d.consumes_counters.is_none());
 }
