@@ -164,6 +164,11 @@ impl HostFs for MemFs {
         self.resolve(path, true)
             .is_some_and(|real| self.dir_exists(&real))
     }
+
+    fn exists(&self, path: &Path) -> bool {
+        self.resolve(path, false)
+            .is_some_and(|real| self.nodes.contains_key(&real) || self.dir_exists(&real))
+    }
 }
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

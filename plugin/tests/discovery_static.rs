@@ -43,6 +43,7 @@ fn static_only_reads_nothing_from_the_host() {
         root: PathBuf::from("/nonexistent-root"),
         static_devices: vec![static_device("sim1", "Sim"), static_device("sim0", "Sim")],
         cpus: Some("0-7".parse().unwrap()),
+        ..DiscoveryConfig::default()
     };
     let d = discover(&RootFs::new("/nonexistent-root"), &cfg).unwrap();
     assert!(d.warnings.is_empty());
@@ -62,6 +63,7 @@ fn static_devices_replace_by_id_and_add_to_sysfs() {
             static_device("zz-sim", "Sim"),
         ],
         cpus: Some("0-15".parse().unwrap()),
+        ..DiscoveryConfig::default()
     };
     let d = discover(&RootFs::new(root), &cfg).unwrap();
     let ids: Vec<&str> = d.inventory.devices.iter().map(|d| d.id.as_str()).collect();

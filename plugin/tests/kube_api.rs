@@ -315,3 +315,48 @@ async fn prepare_side_checks_refuse_per_claim() {
     assert!(e.is_transient(), "{e}");
     server.stall(false);
 }
+
+#[tokio::test]
+async fn devices_the_health_monitor_reports_unhealthy_are_withdrawn_and_return() {
+    use nri_accel::device_health::{DeviceHealth, HealthMonitor, HealthReport};
+    let server = server().await;
+    let src = source(2);
+    let side = side(client(&server), src.clone());
+    let st = published_after(&side, 0).await;
+    let (monitor, tx) = HealthMonitor::fixed(HealthReport::all_healthy(&src.inventory));
+    let _follow = side.follow_health(monitor.subscribe());
+    let mut report = HealthReport::all_healthy(&src.inventory);
+    report.devices.insert(
+        "m0".into(),
+        DeviceHealth {
+            healthy: false,
+            reason: "its driver was unbound".into(),
+        },
+    );
+    tx.send_replace(Arc::new(report));
+    let st = published_after(&side, st.rounds).await;
+    assert!(st.withdrawn.iter().any(
+        |w| matches!(w, nri_accel::kube::slices::Withdrawal::Unhealthy { device } if device == "m0")
+    ));
+    let all = devices(&server.resource_slices());
+    assert!(
+        !all.iter()
+            .any(|d| d["attributes"]["deviceId"]["string"] == "m0")
+    );
+    // Its counter set stays, so nothing else moves when it returns.
+    assert!(
+        server
+            .resource_slices()
+            .iter()
+            .any(|s| !s["spec"]["sharedCounters"].is_null())
+    );
+    tx.send_replace(Arc::new(HealthReport::all_healthy(&src.inventory)));
+    published_after(&side, st.rounds).await;
+    let all = devices(&server.resource_slices());
+    assert_eq!(
+        all.iter()
+            .filter(|d| d["attributes"]["deviceId"]["string"] == "m0")
+            .count(),
+        11
+    );
+}

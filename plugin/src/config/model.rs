@@ -173,6 +173,9 @@ pub struct DiscoveryConfig {
     pub static_devices: Vec<Device>,
     /// The node's CPUs; when absent, the online CPUs from sysfs.
     pub cpus: Option<CpuSet>,
+    /// Seconds between device health checks (a device whose PCI function, driver binding or
+    /// device node is gone is unhealthy); 0 turns the checks off and every device stays healthy.
+    pub health_check_secs: u64,
 }
 
 impl Default for DiscoveryConfig {
@@ -182,6 +185,7 @@ impl Default for DiscoveryConfig {
             root: PathBuf::from("/"),
             static_devices: Vec::new(),
             cpus: None,
+            health_check_secs: 10,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::bootid::{BootId, ProcBootId};
 use crate::checkpoint::Checkpoint;
 use crate::claims_api::{ClaimsServer, DefaultPeerPolicy, Limits, ServerOptions};
 use crate::config::{CdiConfig, Config};
+use crate::device_health::{HealthMonitor, HealthReport};
 use crate::engine::{CrashHook, Engine, StartupReport, UpdateSink};
 use crate::gate::Gate;
 use crate::metrics::{HealthState, Metrics};
@@ -85,6 +86,7 @@ pub struct Daemon {
     tasks: Vec<JoinHandle<()>>,
     report: StartupReport,
     nri_ended: tokio::sync::watch::Receiver<bool>,
+    device_health: HealthMonitor,
     kube: Option<crate::kube::KubeSide>,
     _lock: NodeLockGuard,
 }
@@ -130,6 +132,7 @@ impl Daemon {
             tracing::warn!("discovery: {w}");
         }
         tracing::info!(devices = found.inventory.devices.len(), cpus = %found.inventory.cpus, "inventory");
+        let inventory = found.inventory.clone();
         let node = Node::new(found.inventory, &config.pools, &Registry::with_builtins())?;
 
         std::fs::create_dir_all(&config.state_dir).map_err(|source| {
@@ -283,6 +286,18 @@ impl Daemon {
         }
         let e = engine.clone();
         tasks.push(tokio::spawn(async move { retry_pending(e).await }));
+        let device_health = match config.discovery.health_check_secs {
+            0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
+            secs => {
+                let (monitor, task) =
+                    HealthMonitor::start(&config.discovery, inventory, Duration::from_secs(secs));
+                tasks.push(task);
+                monitor
+            }
+        };
+        if let Some(k) = &kube {
+            tasks.push(k.follow_health(device_health.subscribe()));
+        }
         refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
@@ -295,6 +310,7 @@ impl Daemon {
             tasks,
             report,
             nri_ended,
+            device_health,
             kube,
             _lock: guard,
         })
@@ -323,6 +339,11 @@ impl Daemon {
     /// The Kubernetes side, when `dra.enabled`.
     pub fn kube(&self) -> Option<&crate::kube::KubeSide> {
         self.kube.as_ref()
+    }
+
+    /// The devices' health, re-checked every `discovery.health_check_secs`.
+    pub fn device_health(&self) -> &HealthMonitor {
+        &self.device_health
     }
 
     /// What startup reconciled.

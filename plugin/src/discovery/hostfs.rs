@@ -18,6 +18,9 @@ pub trait HostFs {
     fn read_link(&self, path: &Path) -> io::Result<PathBuf>;
     /// Whether `path` is a directory (following symlinks).
     fn is_dir(&self, path: &Path) -> bool;
+    /// Whether anything (a file, a device node, a dangling symlink) is at `path`. Never opens it:
+    /// the device health check asks this of device nodes.
+    fn exists(&self, path: &Path) -> bool;
 }
 
 /// The real host, every path read under `root` (`/` on a node, a fixture dir in tests).
@@ -76,5 +79,9 @@ impl HostFs for RootFs {
 
     fn is_dir(&self, path: &Path) -> bool {
         self.resolve(path).is_dir()
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        std::fs::symlink_metadata(self.resolve(path)).is_ok()
     }
 }

@@ -11,6 +11,7 @@ use super::names::is_dns_subdomain;
 use super::publisher::{PublishSource, Publisher, PublisherConfig, PublisherHandle};
 use super::{DEFAULT_CALL_TIMEOUT, KubeApi, KubeClient, KubeError, topology};
 use crate::config::Config;
+use crate::device_health::HealthReport;
 use crate::discovery::RootFs;
 use crate::engine::Engine;
 
@@ -21,7 +22,16 @@ pub struct KubeSide {
     node: String,
     publisher: PublisherHandle,
     source: watch::Sender<Arc<PublishSource>>,
-    unhealthy: watch::Sender<BTreeSet<String>>,
+    unhealthy: Arc<watch::Sender<BTreeSet<String>>>,
+}
+
+/// Replaces the set in `tx` when it differs.
+fn send_unhealthy(tx: &watch::Sender<BTreeSet<String>>, ids: BTreeSet<String>) {
+    tx.send_if_modified(|now| {
+        let changed = *now != ids;
+        *now = ids;
+        changed
+    });
 }
 
 /// What the pool is published from, as the engine's node and the config have it now.
@@ -80,7 +90,7 @@ impl KubeSide {
             node,
             publisher,
             source: source_tx,
-            unhealthy: unhealthy_tx,
+            unhealthy: Arc::new(unhealthy_tx),
         }
     }
 
@@ -116,11 +126,29 @@ impl KubeSide {
 
     /// The devices that are unhealthy now (withdrawn from the pool until they recover).
     pub fn set_unhealthy(&self, ids: BTreeSet<String>) {
-        self.unhealthy.send_if_modified(|now| {
-            let changed = *now != ids;
-            *now = ids;
-            changed
-        });
+        send_unhealthy(&self.unhealthy, ids);
+    }
+
+    /// Follows the device health monitor: every report's unhealthy devices are withdrawn until
+    /// they recover. The task ends when the monitor does.
+    pub fn follow_health(
+        &self,
+        mut health: watch::Receiver<Arc<HealthReport>>,
+    ) -> tokio::task::JoinHandle<()> {
+        let tx = self.unhealthy.clone();
+        tokio::spawn(async move {
+            loop {
+                let bad = health
+                    .borrow_and_update()
+                    .unhealthy()
+                    .map(str::to_string)
+                    .collect();
+                send_unhealthy(&tx, bad);
+                if health.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
     }
 
     /// The `kubernetes` member of the `status` document.

@@ -1,0 +1,18 @@
+//! The kubelet-facing gRPC layer: the unix sockets the kubelet connects to (and the one it serves
+//! for device plugins), shared by the DRA driver and the device plugins.
+//!
+//! Each kubelet service (plugin registration, DRA, DRA health, device plugin) is a thin adapter
+//! in its own file that turns a kubelet call into the engine calls the claims API already makes;
+//! this module holds what they share: serving a tonic router on a socket path that may go stale
+//! or be wiped (the kubelet wipes its device-plugins dir when it restarts), and dialling the
+//! kubelet's own socket.
+
+mod channel;
+mod error;
+mod registration;
+mod socket;
+
+pub use channel::dial;
+pub use error::KubeletError;
+pub use registration::{RegistrationService, RegistrationState};
+pub use socket::{ServedSocket, prepare_socket_path};
