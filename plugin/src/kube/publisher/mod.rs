@@ -245,13 +245,18 @@ async fn run(
         }
         .await;
         match result {
+            Ok(round) if round.again => {
+                // What was just written may be double-bookable: republish before reporting.
+                status.send_modify(|st| st.writes += round.writes);
+                continue;
+            }
             Ok(round) => {
                 backoff = config.backoff_min;
                 let caps = session.as_ref().map(|s| s.caps);
                 status.send_modify(|st| {
                     st.state = PublishState::Published;
                     st.generation = round.plan.generation;
-                    st.slices = round.plan.summary();
+                    st.slices = round.summary;
                     st.devices = round.content.devices.len();
                     st.counter_sets = round.content.counter_sets.len();
                     st.withdrawn = round.content.withdrawn.clone();
@@ -272,9 +277,6 @@ async fn run(
                         rebuilt = round.plan.rebuilt,
                         "ResourceSlices published"
                     );
-                }
-                if round.again {
-                    continue;
                 }
                 tokio::select! {
                     _ = changed(&mut source) => {}

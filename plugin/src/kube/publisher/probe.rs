@@ -26,7 +26,7 @@ const PROBE: &str = "nri-accel-probe";
 
 /// A probe slice: the pool's own driver, node and pool, a generated name, no owner.
 fn probe_slice(meta: &PoolMeta, body: Body) -> ResourceSlice {
-    let mut slice = wire::render(meta, "", None, 0, 1, &body);
+    let mut slice = wire::render(meta, "", None, 0, 1, body);
     slice.metadata = ObjectMeta {
         generate_name: Some(format!(
             "{}-probe-",

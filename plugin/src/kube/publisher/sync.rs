@@ -2,14 +2,22 @@
 //! read back what was stored.
 
 use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
 use super::wire::{self, PoolMeta};
 use super::{PublishSource, call, probe};
-use crate::kube::slices::layout::{self, Plan, Write};
+use crate::kube::slices::layout::{self, Body, Plan, SliceSummary, Write};
 use crate::kube::slices::{self, Capabilities, PoolContent, PoolInput};
 use crate::kube::{KubeApi, KubeError};
+
+/// Slice writes in flight at once in one round.
+const PARALLEL_WRITES: usize = 4;
 
 /// What the round learned about the server, kept until an error ends the session.
 #[derive(Debug, Clone)]
@@ -23,8 +31,10 @@ pub struct Session {
 /// How a round ended.
 #[derive(Debug)]
 pub struct Round {
-    /// The plan carried out.
+    /// The plan carried out (its slice bodies moved into the requests).
     pub plan: Plan,
+    /// The pool's slices as planned.
+    pub summary: Vec<SliceSummary>,
     /// The content published.
     pub content: PoolContent,
     /// Writes made.
@@ -89,7 +99,7 @@ pub async fn round(
 ) -> Result<Round, KubeError> {
     let what = format!("the ResourceSlices of node {}", meta.node);
     let listed = call(timeout, &what, api.list_slices(&meta.driver, &meta.node)).await?;
-    let existing: Vec<_> = listed.iter().map(wire::existing).collect();
+    let existing: Vec<_> = listed.into_iter().map(wire::existing).collect();
     let content = slices::build(&PoolInput {
         inventory: &source.inventory,
         pools: &source.pools,
@@ -98,61 +108,110 @@ pub async fn round(
         unhealthy,
         caps: session.caps,
     });
-    let plan = layout::plan(&existing, &content, &meta.node, &meta.driver, &meta.pool);
-    let mut writes = 0;
+    let mut plan = layout::plan(&existing, &content, &meta.node, &meta.driver, &meta.pool);
+    let summary = plan.summary();
+    // Creates and replaces first, a few at a time (within one plan they are independent: all
+    // of one generation), then the deletes of slices the plan no longer has.
+    // The bodies move into the requests: the plan keeps only the summary taken above.
+    let mut sent: Vec<ResourceSlice> = Vec::new();
     for w in &plan.writes {
-        let (name, rv, body) = match w {
-            Write::Delete {
-                name,
-                resource_version,
-            } => {
-                let what = format!("ResourceSlice {name}");
-                match call(timeout, &what, api.delete_slice(name, resource_version)).await {
-                    Ok(()) | Err(KubeError::NotFound { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-                writes += 1;
-                continue;
-            }
-            Write::Create { name, body } => (name, None, body),
+        let (i, rv) = match w {
+            Write::Create { slice } => (*slice, None),
             Write::Replace {
-                name,
+                slice,
                 resource_version,
-                body,
-            } => (name, Some(resource_version.as_str()), body),
+            } => (*slice, Some(resource_version.as_str())),
+            Write::Delete { .. } => continue,
         };
-        let slice = wire::render(meta, name, rv, plan.generation, plan.count, body);
-        let what = format!("ResourceSlice {name}");
-        let stored = match rv {
-            None => call(timeout, &what, api.create_slice(&slice, false)).await?,
-            Some(_) => call(timeout, &what, api.replace_slice(&slice)).await?,
-        };
-        writes += 1;
-        let dropped = wire::dropped(&slice.spec, &stored.spec);
-        if dropped.counters || dropped.multiple_allocations {
-            let before = session.caps;
-            session.caps.partitions &= !dropped.counters;
-            session.caps.multiple_allocations &= !dropped.multiple_allocations;
-            tracing::error!(
-                slice = %name,
-                missing_gates = ?missing_gates(session.caps),
-                "the API server dropped fields of a written ResourceSlice although the dry run kept \
-                 them; republishing at once without them so nothing can be allocated twice"
+        let (name, body) = &mut plan.slices[i];
+        let body = std::mem::replace(body, Body::Devices(Vec::new()));
+        sent.push(wire::render(
+            meta,
+            name,
+            rv,
+            plan.generation,
+            plan.count,
+            body,
+        ));
+    }
+    type Put<'a> = Pin<Box<dyn Future<Output = Result<ResourceSlice, KubeError>> + Send + 'a>>;
+    let puts: Vec<Put<'_>> = sent
+        .iter()
+        .map(|slice| -> Put<'_> {
+            let what = format!(
+                "ResourceSlice {}",
+                slice.metadata.name.as_deref().unwrap_or("")
             );
-            if session.caps != before {
-                return Ok(Round {
-                    plan,
-                    content,
-                    writes,
-                    again: true,
-                });
+            Box::pin(async move {
+                match slice.metadata.resource_version {
+                    None => call(timeout, &what, api.create_slice(slice, false)).await,
+                    Some(_) => call(timeout, &what, api.replace_slice(slice)).await,
+                }
+            })
+        })
+        .collect();
+    let stored: Vec<Result<ResourceSlice, KubeError>> = futures::stream::iter(puts)
+        .buffered(PARALLEL_WRITES)
+        .collect()
+        .await;
+    let mut writes = 0;
+    let mut first_error = None;
+    let mut dropped = wire::Dropped::default();
+    for (slice, result) in sent.iter().zip(stored) {
+        let name = slice.metadata.name.as_deref().unwrap_or("");
+        match result {
+            Ok(stored) => {
+                writes += 1;
+                let d = wire::dropped(&slice.spec, &stored.spec);
+                if d.other && !(d.counters || d.multiple_allocations) {
+                    tracing::warn!(slice = %name, "the API server stored a ResourceSlice that differs from what was written");
+                }
+                dropped.counters |= d.counters;
+                dropped.multiple_allocations |= d.multiple_allocations;
             }
-        } else if dropped.other {
-            tracing::warn!(slice = %name, "the API server stored a ResourceSlice that differs from what was written");
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if dropped.counters || dropped.multiple_allocations {
+        let before = session.caps;
+        session.caps.partitions &= !dropped.counters;
+        session.caps.multiple_allocations &= !dropped.multiple_allocations;
+        tracing::error!(
+            missing_gates = %missing_gates(session.caps).join(", "),
+            "the API server dropped fields of written ResourceSlices although the dry run kept \
+             them; republishing at once without them so nothing can be allocated twice"
+        );
+        if session.caps != before {
+            return Ok(Round {
+                plan,
+                summary,
+                content,
+                writes,
+                again: true,
+            });
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    for w in &plan.writes {
+        if let Write::Delete {
+            name,
+            resource_version,
+        } = w
+        {
+            let what = format!("ResourceSlice {name}");
+            match call(timeout, &what, api.delete_slice(name, resource_version)).await {
+                Ok(()) | Err(KubeError::NotFound { .. }) => writes += 1,
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(Round {
         plan,
+        summary,
         content,
         writes,
         again: false,

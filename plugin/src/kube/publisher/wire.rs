@@ -31,11 +31,11 @@ pub fn render(
     resource_version: Option<&str>,
     generation: i64,
     count: usize,
-    body: &Body,
+    body: Body,
 ) -> ResourceSlice {
     let (devices, shared_counters) = match body {
-        Body::Devices(d) => (Some(d.clone()), None),
-        Body::Counters(c) => (None, Some(c.clone())),
+        Body::Devices(d) => (Some(d), None),
+        Body::Counters(c) => (None, Some(c)),
     };
     ResourceSlice {
         metadata: ObjectMeta {
@@ -72,20 +72,20 @@ pub fn render(
     }
 }
 
-/// A slice read from the server, as the layout sees it.
-pub fn existing(slice: &ResourceSlice) -> Existing {
-    let spec = &slice.spec;
-    let devices = spec.devices.clone().unwrap_or_default();
-    let counters = spec.shared_counters.clone().unwrap_or_default();
+/// A slice read from the server, as the layout sees it (its devices moved, not copied).
+pub fn existing(slice: ResourceSlice) -> Existing {
+    let spec = slice.spec;
+    let devices = spec.devices.unwrap_or_default();
+    let counters = spec.shared_counters.unwrap_or_default();
     let body = match (devices.is_empty(), counters.is_empty()) {
         (_, true) => Some(Body::Devices(devices)),
         (true, false) => Some(Body::Counters(counters)),
         (false, false) => None,
     };
     Existing {
-        name: slice.metadata.name.clone().unwrap_or_default(),
-        resource_version: slice.metadata.resource_version.clone().unwrap_or_default(),
-        pool: spec.pool.name.clone(),
+        name: slice.metadata.name.unwrap_or_default(),
+        resource_version: slice.metadata.resource_version.unwrap_or_default(),
+        pool: spec.pool.name,
         generation: spec.pool.generation,
         count: spec.pool.resource_slice_count,
         body,

@@ -66,24 +66,20 @@ pub struct Existing {
     pub body: Option<Body>,
 }
 
-/// One API call.
+/// One API call; creates and replaces name a slice of [`Plan::slices`] by index.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
-    /// Create a slice.
+    /// Create slice `slice` of the plan.
     Create {
-        /// Name.
-        name: String,
-        /// Content.
-        body: Body,
+        /// Index into [`Plan::slices`].
+        slice: usize,
     },
-    /// Replace a slice at its resourceVersion.
+    /// Replace slice `slice` of the plan at its resourceVersion.
     Replace {
-        /// Name.
-        name: String,
+        /// Index into [`Plan::slices`].
+        slice: usize,
         /// The version replaced.
         resource_version: String,
-        /// Content.
-        body: Body,
     },
     /// Delete a slice at its resourceVersion.
     Delete {
@@ -338,9 +334,8 @@ pub fn plan(
             let writes = changed
                 .iter()
                 .map(|&i| Write::Replace {
-                    name: existing[i].name.clone(),
+                    slice: i,
                     resource_version: existing[i].resource_version.clone(),
-                    body: bodies[i].clone(),
                 })
                 .collect();
             return Plan {
@@ -364,17 +359,14 @@ pub fn plan(
         .collect();
     let mut writes: Vec<Write> = slices
         .iter()
+        .enumerate()
         .map(
-            |(name, body)| match existing.iter().find(|e| e.name == *name) {
+            |(i, (name, _))| match existing.iter().find(|e| e.name == *name) {
                 Some(e) => Write::Replace {
-                    name: name.clone(),
+                    slice: i,
                     resource_version: e.resource_version.clone(),
-                    body: body.clone(),
                 },
-                None => Write::Create {
-                    name: name.clone(),
-                    body: body.clone(),
-                },
+                None => Write::Create { slice: i },
             },
         )
         .collect();
