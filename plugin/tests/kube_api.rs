@@ -51,9 +51,12 @@ async fn slices_are_created_updated_minimally_and_deleted() {
 
     // One device turns unhealthy: one slice is rewritten, in place, at the same generation.
     server.reset_writes();
+    let requests = server.requests();
     side.set_unhealthy(BTreeSet::from(["g0150".to_string()]));
     let st = published_after(&side, st.rounds).await;
     assert_eq!(server.writes(&RESOURCE_SLICES).total(), 1);
+    // The pool is known from the answers to the last writes: no list, just the one write.
+    assert_eq!(server.requests() - requests, 1);
     assert_eq!(st.generation, 1);
     assert!(
         !devices(&server.resource_slices())

@@ -1,7 +1,7 @@
 //! One publishing round: learn what the server keeps, read the node's slices, plan, write, and
 //! read back what was stored.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use super::wire::{self, PoolMeta};
 use super::{PublishSource, call, probe};
-use crate::kube::slices::layout::{self, Body, Plan, SliceSummary, Write};
+use crate::kube::slices::layout::{self, Body, Existing, Plan, SliceSummary, Write};
 use crate::kube::slices::{self, Capabilities, PoolContent, PoolInput};
 use crate::kube::{KubeApi, KubeError};
 
@@ -26,6 +26,9 @@ pub struct Session {
     pub node_uid: String,
     /// What the server keeps.
     pub caps: Capabilities,
+    /// The node's slices as the server stored them at the end of the last round (from its
+    /// answers to our writes), so the next round need not list them again. `None`: list.
+    pub known: Option<Vec<Existing>>,
 }
 
 /// How a round ended.
@@ -85,7 +88,11 @@ pub async fn open(
              as devices one claim holds at a time"
         );
     }
-    Ok(Session { node_uid, caps })
+    Ok(Session {
+        node_uid,
+        caps,
+        known: None,
+    })
 }
 
 /// One round against the server with `session`'s capabilities.
@@ -97,9 +104,14 @@ pub async fn round(
     unhealthy: &BTreeSet<String>,
     timeout: Duration,
 ) -> Result<Round, KubeError> {
-    let what = format!("the ResourceSlices of node {}", meta.node);
-    let listed = call(timeout, &what, api.list_slices(&meta.driver, &meta.node)).await?;
-    let existing: Vec<_> = listed.into_iter().map(wire::existing).collect();
+    let existing = match session.known.take() {
+        Some(known) => known,
+        None => {
+            let what = format!("the ResourceSlices of node {}", meta.node);
+            let listed = call(timeout, &what, api.list_slices(&meta.driver, &meta.node)).await?;
+            listed.into_iter().map(wire::existing).collect()
+        }
+    };
     let content = slices::build(&PoolInput {
         inventory: &source.inventory,
         pools: &source.pools,
@@ -157,12 +169,15 @@ pub async fn round(
     let mut writes = 0;
     let mut first_error = None;
     let mut dropped = wire::Dropped::default();
+    let mut now: BTreeMap<String, Existing> = BTreeMap::new();
     for (slice, result) in sent.iter().zip(stored) {
         let name = slice.metadata.name.as_deref().unwrap_or("");
         match result {
             Ok(stored) => {
                 writes += 1;
                 let d = wire::dropped(&slice.spec, &stored.spec);
+                let stored = wire::existing(stored);
+                now.insert(stored.name.clone(), stored);
                 if d.other && !(d.counters || d.multiple_allocations) {
                     tracing::warn!(slice = %name, "the API server stored a ResourceSlice that differs from what was written");
                 }
@@ -209,6 +224,25 @@ pub async fn round(
             }
         }
     }
+    // What the server holds now: the slices written as it answered them, the others as they were.
+    let mut known = Vec::with_capacity(plan.slices.len());
+    for (name, body) in std::mem::take(&mut plan.slices) {
+        let e = match now.remove(&name) {
+            Some(e) => e,
+            None => match existing.iter().find(|e| e.name == name) {
+                Some(e) => Existing {
+                    body: Some(body),
+                    ..e.clone_meta()
+                },
+                None => {
+                    known.clear();
+                    break;
+                }
+            },
+        };
+        known.push(e);
+    }
+    session.known = (known.len() == plan.count).then_some(known);
     Ok(Round {
         plan,
         summary,

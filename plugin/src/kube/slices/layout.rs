@@ -66,6 +66,20 @@ pub struct Existing {
     pub body: Option<Body>,
 }
 
+impl Existing {
+    /// The same slice without its content (`body: None`), to pair with a body known elsewhere.
+    pub fn clone_meta(&self) -> Existing {
+        Existing {
+            name: self.name.clone(),
+            resource_version: self.resource_version.clone(),
+            pool: self.pool.clone(),
+            generation: self.generation,
+            count: self.count,
+            body: None,
+        }
+    }
+}
+
 /// One API call; creates and replaces name a slice of [`Plan::slices`] by index.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Write {
