@@ -154,7 +154,7 @@ async fn publish_bench(samples: usize) {
         println!("  the device back:      {}", pct(back));
         println!("  writes per one-device change: {change_writes:?}");
         println!(
-            "  a round with nothing to change (list only): {}",
+            "  a round with nothing to change (no request: the pool is known): {}",
             pct(idle)
         );
     }
