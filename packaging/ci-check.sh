@@ -76,7 +76,13 @@ for path in \
     usr/share/doc/nri-accel/examples/claims-group.conf \
     usr/share/doc/nri-accel/examples/containerd-1.7/nri-accel.toml \
     usr/share/doc/nri-accel/examples/containerd-2.x/nri-accel.toml \
-    usr/share/doc/nri-accel/examples/crio/10-nri-accel.conf; do
+    usr/share/doc/nri-accel/examples/crio/10-nri-accel.conf \
+    usr/share/doc/nri-accel/dra.md \
+    usr/share/doc/nri-accel/examples/kubernetes.conf \
+    usr/share/doc/nri-accel/examples/kubernetes/rbac.yaml \
+    usr/share/doc/nri-accel/examples/kubernetes/daemonset.yaml \
+    usr/share/doc/nri-accel/examples/kubernetes/deviceclasses.yaml \
+    usr/share/doc/nri-accel/examples/kubernetes/examples.yaml; do
     [ -f "$root/$path" ] || fail "the .deb lacks /$path"
 done
 [ -x "$root/usr/bin/nri-accel" ] || fail "/usr/bin/nri-accel in the .deb is not executable"
@@ -101,6 +107,10 @@ done < <(find "$root/etc" "$root/usr/share/doc/nri-accel" "$root/usr/lib/systemd
     \( -name '*.md' -o -name '*.yaml' -o -name '*.conf' -o -name '*.service' \))
 short=$(sed -n 's/^Description: //p' "$work/control/control")
 [ "${#short}" -le 79 ] || fail "the short description is over 79 characters: $short"
+grep -q "nri-accel cleanup" "$work/control/prerm" \
+    || fail "prerm does not delete the node's ResourceSlices (nri-accel cleanup)"
+awk '/deb-systemd-invoke stop/ {stop=NR} /nri-accel cleanup/ {clean=NR} END {exit !(stop && clean > stop)}' \
+    "$work/control/prerm" || fail "prerm must stop the daemon before nri-accel cleanup"
 echo ".deb: ok ($(du -k "$work/nri-accel.deb" | cut -f1) KiB, $(find "$root" -type f | wc -l) files)"
 
 # --- systemd-analyze verify ---------------------------------------------------------------------

@@ -15,15 +15,11 @@
 mod proc_node;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fake_runtime::FakeRuntime;
-use nri_accel::claims_api::{
-    ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, Family, Selector,
-};
-use proc_node::{DaemonProc, Layout};
+use nri_accel::claims_api::{ClaimRef, ClaimsClient};
+use proc_node::{DaemonProc, Layout, env_usize, fill, ms, pct, shared_claim};
 
 const LAYOUT: Layout = Layout {
     exclusive: 0,
@@ -32,45 +28,6 @@ const LAYOUT: Layout = Layout {
     sliced: 0,
     cpus_per_device: 0,
 };
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn pct(mut v: Vec<Duration>) -> String {
-    v.sort();
-    let n = v.len();
-    let p = |q: f64| v[((n as f64 * q) as usize).min(n - 1)];
-    format!(
-        "p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms  (n={n})",
-        ms(p(0.5)),
-        ms(p(0.99)),
-        ms(v[n - 1])
-    )
-}
-
-fn spec(uid: &str) -> ClaimSpec {
-    ClaimSpec {
-        uid: uid.into(),
-        namespace: "bench".into(),
-        name: format!("{uid}-claim"),
-        ask: ClaimAsk::Count(vec![CountAsk {
-            request: "gpu".into(),
-            count: 1,
-            family: Family::Shared,
-            selector: Selector::default(),
-            profile: None,
-            shares: None,
-        }]),
-    }
-}
 
 fn claim_ref(uid: &str) -> ClaimRef {
     ClaimRef {
@@ -81,37 +38,13 @@ fn claim_ref(uid: &str) -> ClaimRef {
 }
 
 async fn prepare(c: &ClaimsClient, uid: &str) {
-    let r = c.prepare(vec![spec(uid)]).await.unwrap();
+    let r = c.prepare(vec![shared_claim(uid)]).await.unwrap();
     assert!(matches!(r.get(uid), Some(Ok(_))), "prepare {uid}: {r:?}");
 }
 
 async fn unprepare(c: &ClaimsClient, uid: &str) {
     let r = c.unprepare(vec![claim_ref(uid)]).await.unwrap();
     assert!(matches!(r.get(uid), Some(Ok(()))), "unprepare {uid}: {r:?}");
-}
-
-/// Prepares `held-<from..to>` with 64 concurrent clients; returns claims/s.
-async fn fill(socket: &std::path::Path, from: usize, to: usize) -> f64 {
-    let next = Arc::new(AtomicU64::new(from as u64));
-    let t = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let c = ClaimsClient::connect(socket).await.unwrap();
-        let next = next.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                if i >= to {
-                    break;
-                }
-                prepare(&c, &format!("held-{i}")).await;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (to - from) as f64 / t.elapsed().as_secs_f64()
 }
 
 async fn latency(c: &ClaimsClient, n: usize, tag: &str) -> Vec<Duration> {

@@ -12,6 +12,7 @@ pub mod device_health;
 pub mod discovery;
 pub mod engine;
 pub mod gate;
+pub mod kube;
 pub mod kubelet;
 pub mod logging;
 pub mod metrics;

@@ -99,6 +99,12 @@ pub enum Command {
         /// Claim UID.
         uid: String,
     },
+    /// Delete the ResourceSlices this node published (run by package removal; stop the daemon first).
+    Cleanup {
+        /// Also when `dra.enabled` is false in the config.
+        #[arg(long)]
+        force: bool,
+    },
     /// Compare records and specs and show (or do) what reconciliation would do.
     Reconcile {
         /// Only show what would be done.
@@ -109,6 +115,7 @@ pub enum Command {
 
 mod check_config;
 mod claims;
+mod cleanup;
 mod discover;
 mod entry;
 mod reconcile;
@@ -191,5 +198,6 @@ pub async fn dispatch(cli: Cli, registry: &Registry) -> anyhow::Result<ExitCode>
         }
         Command::Unprepare { uid } => claims::unprepare(&cli.config, uid).await,
         Command::Reconcile { dry_run } => reconcile::run(&cli.config, dry_run, registry).await,
+        Command::Cleanup { force } => cleanup::run(&cli.config, force).await,
     }
 }

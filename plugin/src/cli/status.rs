@@ -97,6 +97,66 @@ pub fn render(doc: &Value) -> String {
     }
     let containers = doc["containers"].as_object().cloned().unwrap_or_default();
     let _ = writeln!(out, "\ncontainers known: {}", containers.len());
+    if let Some(k) = doc.get("kubernetes") {
+        out.push_str(&kubernetes(k));
+    }
+    out
+}
+
+/// The Kubernetes section: what is published, what is withdrawn, the last error.
+fn kubernetes(k: &Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let r = &k["resource_slices"];
+    let _ = writeln!(
+        out,
+        "\nkubernetes: driver {} on node {}, pool {}",
+        s(&k["driver"]),
+        s(&k["node"]),
+        s(&k["pool"])
+    );
+    let _ = writeln!(
+        out,
+        "resource slices: {} (generation {}), {} devices, {} counter sets published, {} writes",
+        s(&r["state"]),
+        s(&r["generation"]),
+        s(&r["devices"]),
+        s(&r["counter_sets"]),
+        s(&r["writes"])
+    );
+    for slice in r["slices"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "  {:<48} {:>4} devices {:>2} counter sets",
+            s(&slice["name"]),
+            s(&slice["devices"]),
+            s(&slice["counter_sets"])
+        );
+    }
+    let gates: Vec<String> = r["missing_gates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(s)
+        .collect();
+    if !gates.is_empty() {
+        let _ = writeln!(
+            out,
+            "API server lacks feature gates: {} (see docs/dra.md for what is published instead)",
+            gates.join(", ")
+        );
+    }
+    for w in r["withdrawn"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "  withdrawn: device {} ({})",
+            s(&w["device"]),
+            s(&w["reason"])
+        );
+    }
+    if let Some(e) = r["last_error"].as_str() {
+        let _ = writeln!(out, "last error ({} in a row): {e}", s(&r["failures"]));
+    }
     out
 }
 

@@ -16,7 +16,8 @@ use std::path::Path;
 pub use error::{ConfigError, Position};
 pub use model::{
     AnnotationsConfig, CdiConfig, CdiInjection, ClaimsApiConfig, Config, DiscoveryConfig,
-    DraConfig, LogConfig, LogFormat, LogLevel, MetricsConfig, NriConfig, SpecFormat,
+    DraConfig, KubernetesConfig, LogConfig, LogFormat, LogLevel, MetricsConfig, NriConfig,
+    SpecFormat,
 };
 
 /// Where the daemon reads its config unless told otherwise.

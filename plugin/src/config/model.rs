@@ -35,8 +35,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Logging.
     pub log: LogConfig,
-    /// The DRA driver nri-accel is.
+    /// The Kubernetes DRA driver (off by default).
     pub dra: DraConfig,
+    /// How to reach the Kubernetes API server (used when `dra.enabled`).
+    pub kubernetes: KubernetesConfig,
 }
 
 impl Default for Config {
@@ -58,23 +60,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
             dra: DraConfig::default(),
-        }
-    }
-}
-
-/// The DRA driver nri-accel is (`dra:`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DraConfig {
-    /// The DRA driver name (a DNS subdomain of at most 63 characters). Claims-API results
-    /// naming another driver are refused per claim.
-    pub driver_name: String,
-}
-
-impl Default for DraConfig {
-    fn default() -> Self {
-        DraConfig {
-            driver_name: "accel.nri.io".to_string(),
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }
@@ -277,4 +263,53 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// The Kubernetes DRA driver: publishing the node's devices as ResourceSlices (docs/dra.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DraConfig {
+    /// Serve the kubelet DRA plugin and publish ResourceSlices.
+    pub enabled: bool,
+    /// DRA driver name (a DNS subdomain of at most 63 characters). Claims-API and DRA results
+    /// naming another driver are refused per claim.
+    pub driver_name: String,
+}
+
+impl Default for DraConfig {
+    fn default() -> Self {
+        DraConfig {
+            enabled: false,
+            driver_name: "accel.nri.io".to_string(),
+        }
+    }
+}
+
+/// Access to the Kubernetes API server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// This node's name as Kubernetes knows it; empty: `$NODE_NAME`, else the host name.
+    pub node_name: String,
+    /// Kubeconfig file; none: the in-cluster service account when running in a pod, else
+    /// `$KUBECONFIG` or `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl KubernetesConfig {
+    /// The node name: the configured one, else `$NODE_NAME`, else the host name (lower-cased).
+    pub fn resolve_node_name(&self) -> Option<String> {
+        if !self.node_name.is_empty() {
+            return Some(self.node_name.clone());
+        }
+        if let Some(n) = std::env::var_os("NODE_NAME").and_then(|n| n.into_string().ok())
+            && !n.is_empty()
+        {
+            return Some(n);
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+    }
 }

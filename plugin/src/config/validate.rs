@@ -91,20 +91,25 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
         )?;
     }
     let driver = &cfg.dra.driver_name;
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if driver.len() > 63 || !driver.split('.').all(label_ok) {
+    if !crate::kube::names::is_driver_name(driver) {
         fail(
             vec![Key("dra"), Key("driver_name")],
             format!(
-                "DRA driver name {driver:?} must be a DNS subdomain of at most 63 characters ([a-z0-9-] labels separated by dots)"
+                "driver name {driver:?} must be a DNS subdomain ([a-z0-9.-]) of at most 63 characters, e.g. accel.nri.io"
             ),
         )?;
+    }
+    let node = &cfg.kubernetes.node_name;
+    if !node.is_empty() && !crate::kube::names::is_dns_subdomain(node) {
+        fail(
+            vec![Key("kubernetes"), Key("node_name")],
+            format!(
+                "node name {node:?} must be a DNS subdomain ([a-z0-9.-], at most 253 characters) as Kubernetes names nodes"
+            ),
+        )?;
+    }
+    if let Some(path) = &cfg.kubernetes.kubeconfig {
+        absolute(path, vec![Key("kubernetes"), Key("kubeconfig")])?;
     }
     if let Some(addr) = cfg.metrics.listen
         && !addr.ip().is_loopback()

@@ -77,6 +77,7 @@ pub struct Agent {
     removals: tokio::sync::Mutex<()>,
     /// Synchronizes started and finished, their release work included.
     syncs: Arc<watch::Sender<(u64, u64)>>,
+    kubernetes: std::sync::OnceLock<KubernetesStatus>,
 }
 
 /// What the first part of a Synchronize found: the container updates to answer with, and the
@@ -97,6 +98,9 @@ impl Drop for SyncGuard {
         self.0.send_modify(|(_, done)| *done += 1);
     }
 }
+
+/// Gives the `kubernetes` member of the status document (set when the Kubernetes side runs).
+pub type KubernetesStatus = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// The claim UID of a container's annotation claim.
 pub fn annotation_claim_uid(container_id: &str) -> String {
@@ -126,7 +130,13 @@ impl Agent {
             containers: Mutex::new(ContainerMap::default()),
             removals: tokio::sync::Mutex::new(()),
             syncs: Arc::new(watch::channel((0, 0)).0),
+            kubernetes: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Adds the Kubernetes side's state to `status` (once; later calls are ignored).
+    pub fn set_kubernetes_status(&self, source: KubernetesStatus) {
+        let _ = self.kubernetes.set(source);
     }
 
     /// The engine the agent drives.
@@ -487,6 +497,7 @@ impl Agent {
             policy: self.engine.snapshot(),
             containers: self.container_claims(),
             pending_updates: self.engine.pending_updates(),
+            kubernetes: self.kubernetes.get().map(|f| f()),
         };
         self.engine
             .with_claims(|claims| super::status::render(&parts, claims))

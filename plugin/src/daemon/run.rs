@@ -55,6 +55,9 @@ pub enum DaemonError {
     /// The NRI stub could not be set up.
     #[error("NRI: {0}")]
     Nri(#[from] nri_proto::StubError),
+    /// `dra.enabled` but the Kubernetes side cannot start (node name, credentials).
+    #[error("Kubernetes: {0}")]
+    Kubernetes(#[from] crate::kube::KubeError),
     /// The configured claims group does not exist.
     #[error("claims_api.group {0:?} is not a group on this host; create it or remove the setting")]
     UnknownGroup(String),
@@ -98,6 +101,7 @@ pub struct Daemon {
     report: StartupReport,
     nri_ended: tokio::sync::watch::Receiver<bool>,
     device_health: HealthMonitor,
+    kube: Option<crate::kube::KubeSide>,
     _lock: NodeLockGuard,
 }
 
@@ -189,6 +193,15 @@ impl Daemon {
                 manage_shared_cpus: config.pools.iter().any(|p| p.cpus_per_device > 0),
             },
         ));
+
+        // Publishing never waits for the API server; only bad credentials stop the start.
+        let kube = if config.dra.enabled {
+            let side = crate::kube::KubeSide::start(config, &engine).await?;
+            agent.set_kubernetes_status(Box::new(side.status_source()));
+            Some(side)
+        } else {
+            None
+        };
 
         let gate = Gate::new();
         let metrics = Arc::new(Metrics::new());
@@ -289,6 +302,9 @@ impl Daemon {
                 monitor
             }
         };
+        if let Some(k) = &kube {
+            tasks.push(k.follow_health(device_health.subscribe()));
+        }
         refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
@@ -302,6 +318,7 @@ impl Daemon {
             report,
             nri_ended,
             device_health,
+            kube,
             _lock: guard,
         })
     }
@@ -324,6 +341,11 @@ impl Daemon {
     /// What /healthz reports.
     pub fn health(&self) -> &HealthState {
         &self.health
+    }
+
+    /// The Kubernetes side, when `dra.enabled`.
+    pub fn kube(&self) -> Option<&crate::kube::KubeSide> {
+        self.kube.as_ref()
     }
 
     /// The devices' health, re-checked every `discovery.health_check_secs`.
@@ -371,6 +393,10 @@ impl Daemon {
             && let Err(e) = c.shutdown().await
         {
             tracing::warn!("claims API shutdown: {e}");
+        }
+        // What is published stays: the devices are still there. `nri-accel cleanup` removes it.
+        if let Some(k) = self.kube.take() {
+            k.publisher().stop();
         }
     }
 }

@@ -67,6 +67,8 @@ struct Document<'a, C: Serialize> {
     claims: C,
     containers: &'a BTreeMap<String, BTreeSet<String>>,
     pending_updates: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kubernetes: Option<&'a serde_json::Value>,
 }
 
 /// What the document is made of, gathered before the claims are walked.
@@ -79,6 +81,8 @@ pub struct StatusParts {
     pub containers: BTreeMap<String, BTreeSet<String>>,
     /// Container updates waiting to reach the runtime.
     pub pending_updates: usize,
+    /// The Kubernetes side (published slices, errors), when it runs.
+    pub kubernetes: Option<serde_json::Value>,
 }
 
 /// Writes the document with `claims` (the engine's committed claims, borrowed under its lock).
@@ -103,6 +107,7 @@ pub fn render<'b>(
         },
         containers: &parts.containers,
         pending_updates: parts.pending_updates,
+        kubernetes: parts.kubernetes.as_ref(),
     };
     // Every part serializes to JSON without failing (string keys, no non-finite floats).
     serde_json::to_string(&doc).unwrap_or_else(|e| {
@@ -148,6 +153,7 @@ mod tests {
                 ("c2".to_string(), BTreeSet::from(["a".to_string()])),
             ]),
             pending_updates: 3,
+            kubernetes: None,
         };
         let (a, b) = (allocation("a", "4"), allocation("b", ""));
         let annotation = Origin::Annotation {

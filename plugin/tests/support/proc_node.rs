@@ -5,9 +5,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use nri_accel::claims_api::ClaimsClient;
+use nri_accel::claims_api::{ClaimAsk, ClaimSpec, ClaimsClient, CountAsk, Family, Selector};
 use nri_accel::config::Config;
 use policies::{CpuSet, Device, DeviceSelector, FamilyConfig, PoolConfig};
 
@@ -219,4 +221,73 @@ impl Rng {
     pub fn chance(&mut self, p: u64) -> bool {
         self.below(100) < p
     }
+}
+
+/// An env var as a number, or `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// p50, p99 and max of `v`, in milliseconds.
+pub fn pct(mut v: Vec<Duration>) -> String {
+    v.sort();
+    let n = v.len();
+    let p = |q: f64| v[((n as f64 * q) as usize).min(n - 1)];
+    format!(
+        "p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms  (n={n})",
+        ms(p(0.5)),
+        ms(p(0.99)),
+        ms(v[n - 1])
+    )
+}
+
+/// A claim of one share of any shared device.
+pub fn shared_claim(uid: &str) -> ClaimSpec {
+    ClaimSpec {
+        uid: uid.into(),
+        namespace: "bench".into(),
+        name: format!("{uid}-claim"),
+        ask: ClaimAsk::Count(vec![CountAsk {
+            request: "gpu".into(),
+            count: 1,
+            family: Family::Shared,
+            selector: Selector::default(),
+            profile: None,
+            shares: None,
+        }]),
+    }
+}
+
+/// Prepares `held-<from..to>` ([`shared_claim`]) with 64 concurrent clients; returns claims/s.
+pub async fn fill(socket: &Path, from: usize, to: usize) -> f64 {
+    let next = Arc::new(AtomicU64::new(from as u64));
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let c = ClaimsClient::connect(socket).await.unwrap();
+        let next = next.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= to {
+                    break;
+                }
+                let uid = format!("held-{i}");
+                let r = c.prepare(vec![shared_claim(&uid)]).await.unwrap();
+                assert!(matches!(r.get(&uid), Some(Ok(_))), "prepare {uid}: {r:?}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (to - from) as f64 / t.elapsed().as_secs_f64()
 }

@@ -1,0 +1,185 @@
+//! The HTTP side: accepting connections, turning a request into a store call, and the faults
+//! a test injects on the way.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+use super::Shared;
+use super::routes::{self, Route};
+use super::selectors::{FieldSelector, LabelSelector};
+use super::status::ApiError;
+
+/// Largest request body accepted (the real server's limit is about 3 MiB).
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// Accepts connections until the task is aborted; aborting it drops every open connection.
+pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let shared = shared.clone();
+                connections.spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+fn respond(code: u16, body: &Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn error(e: &ApiError) -> Response<Full<Bytes>> {
+    respond(e.code(), &e.body())
+}
+
+/// Decodes `%XX` and `+` in a query component.
+fn decode(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query(req: &Request<Incoming>) -> BTreeMap<String, String> {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    shared.requests.fetch_add(1, Ordering::Relaxed);
+    let write = !matches!(*req.method(), Method::GET | Method::HEAD);
+    // A stalled server holds the request until the test releases it (or the server goes down).
+    let mut stall = shared.stall.subscribe();
+    let _ = stall.wait_for(|stalled| !*stalled).await;
+    if let Some(code) = shared.faults.lock().map_or(None, |mut f| f.take(write)) {
+        return error(&ApiError::Injected(code));
+    }
+    match route(shared, req).await {
+        Ok((code, body)) => respond(code, &body),
+        Err(e) => error(&e),
+    }
+}
+
+async fn route(shared: &Shared, req: Request<Incoming>) -> Result<(u16, Value), ApiError> {
+    let Route {
+        resource,
+        namespace,
+        name,
+    } = routes::parse(req.uri().path())?;
+    let q = query(&req);
+    if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        return Err(ApiError::BadRequest(
+            "watch is not served by the simulated API server".into(),
+        ));
+    }
+    let dry_run = q.get("dryRun").is_some_and(|d| d == "All");
+    let method = req.method().clone();
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return Err(ApiError::TooLarge(MAX_BODY)),
+    };
+    let json = || -> Result<Value, ApiError> {
+        if body.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))
+    };
+    let ns = namespace.clone().unwrap_or_default();
+    let mut store = shared
+        .store
+        .lock()
+        .map_err(|_| ApiError::BadRequest("the store is poisoned".into()))?;
+    match (method, name) {
+        (Method::GET, Some(name)) => store.get(resource, &ns, &name).map(|v| (200, v)),
+        (Method::GET, None) => {
+            let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))?;
+            let fields =
+                FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str), resource)?;
+            Ok((
+                200,
+                store.list(resource, namespace.as_deref(), &labels, &fields),
+            ))
+        }
+        (Method::POST, None) => store
+            .create(resource, &ns, json()?, dry_run)
+            .map(|v| (201, v)),
+        (Method::PUT, Some(name)) => store
+            .replace(resource, &ns, &name, json()?, dry_run)
+            .map(|v| (200, v)),
+        (Method::DELETE, Some(name)) => store
+            .delete(resource, &ns, &name, &json()?, dry_run)
+            .map(|v| (200, v)),
+        _ => Err(ApiError::MethodNotAllowed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode;
+
+    #[test]
+    fn query_components_are_decoded() {
+        assert_eq!(
+            decode("spec.nodeName%3Dn1%2Cspec.driver%3Dd"),
+            "spec.nodeName=n1,spec.driver=d"
+        );
+        assert_eq!(decode("a+in+%28x%29"), "a in (x)");
+        assert_eq!(decode("100%"), "100%");
+    }
+}

@@ -1,0 +1,65 @@
+//! The API server half of the Kubernetes DRA driver: reading ResourceClaims, publishing the
+//! node's devices as ResourceSlices, and removing them again.
+//!
+//! The API server is reached only through the [`KubeApi`] trait: [`KubeClient`] is the real
+//! kube-rs client, and tests point it at the in-process server of the `kube-sim` crate.
+//! What is published is a pure function of the inventory ([`slices`]); the [`publisher`] owns
+//! the loop that writes it, retries while the server is away and reads back what was stored.
+//! [`claims`] turns a fetched claim into what the engine prepares. docs/dra.md is the operator's
+//! side of all this.
+
+pub mod claims;
+pub mod cleanup;
+mod client;
+mod error;
+pub mod names;
+pub mod opaque;
+pub mod publisher;
+mod side;
+pub mod slices;
+pub mod topology;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+
+pub use claims::{ClaimAllocation, ClaimError, allocation_for};
+pub use client::{DEFAULT_CALL_TIMEOUT, KubeClient};
+pub use error::KubeError;
+pub use publisher::{Publisher, PublisherHandle, PublisherStatus};
+pub use side::{KubeSide, source_of};
+
+/// The field manager named on every write, so `kubectl get -o yaml --show-managed-fields`
+/// shows which fields are ours.
+pub const FIELD_MANAGER: &str = "nri-accel";
+
+/// The API server calls the DRA driver makes. Implemented by [`KubeClient`]; tests run it
+/// against the `kube-sim` API server.
+#[async_trait]
+pub trait KubeApi: Send + Sync + 'static {
+    /// The ResourceClaim `namespace/name` as the API server has it.
+    async fn resource_claim(&self, namespace: &str, name: &str)
+    -> Result<ResourceClaim, KubeError>;
+
+    /// The Node `name` (its UID makes it the owner of the node's ResourceSlices).
+    async fn node(&self, name: &str) -> Result<Node, KubeError>;
+
+    /// The ResourceSlices of `driver` on node `node` (a field selector on `spec.driver` and
+    /// `spec.nodeName`).
+    async fn list_slices(&self, driver: &str, node: &str) -> Result<Vec<ResourceSlice>, KubeError>;
+
+    /// Creates a ResourceSlice and returns it as stored. `dry_run` stores nothing: the answer
+    /// shows what the server would keep (fields of gates that are off are gone).
+    async fn create_slice(
+        &self,
+        slice: &ResourceSlice,
+        dry_run: bool,
+    ) -> Result<ResourceSlice, KubeError>;
+
+    /// Replaces a ResourceSlice; its `metadata.resourceVersion` must be the stored one (else
+    /// [`KubeError::Conflict`]). Returns it as stored.
+    async fn replace_slice(&self, slice: &ResourceSlice) -> Result<ResourceSlice, KubeError>;
+
+    /// Deletes a ResourceSlice if it is still at `resource_version`.
+    async fn delete_slice(&self, name: &str, resource_version: &str) -> Result<(), KubeError>;
+}
