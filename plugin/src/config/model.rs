@@ -35,6 +35,10 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Logging.
     pub log: LogConfig,
+    /// The Kubernetes DRA driver (off by default: the node runs without it).
+    pub dra: DraConfig,
+    /// This node in Kubernetes (used when `dra.enabled`).
+    pub kubernetes: KubernetesConfig,
 }
 
 impl Default for Config {
@@ -55,6 +59,8 @@ impl Default for Config {
             annotations: AnnotationsConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
+            dra: DraConfig::default(),
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }
@@ -257,4 +263,59 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// The Kubernetes DRA driver: the kubelet plugin (registration, DRA and health services) and
+/// the ResourceSlices it publishes (docs/dra-kubelet.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DraConfig {
+    /// Serve the kubelet DRA plugin and publish ResourceSlices.
+    pub enabled: bool,
+    /// DRA driver name (a DNS subdomain of at most 63 characters). Claims-API and DRA results
+    /// naming another driver are refused per claim.
+    pub driver_name: String,
+    /// The kubelet's plugin registry directory: the registration socket
+    /// `<driver_name>-reg.sock` goes here.
+    pub plugins_registry_dir: PathBuf,
+    /// The kubelet's plugins directory: the DRA socket is `<driver_name>/dra.sock` under it.
+    pub plugins_dir: PathBuf,
+}
+
+impl Default for DraConfig {
+    fn default() -> Self {
+        DraConfig {
+            enabled: false,
+            driver_name: "accel.nri.io".to_string(),
+            plugins_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            plugins_dir: PathBuf::from("/var/lib/kubelet/plugins"),
+        }
+    }
+}
+
+/// This node as Kubernetes knows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// This node's name as Kubernetes knows it (it names the node's DRA pool); empty:
+    /// `$NODE_NAME`, else the host name.
+    pub node_name: String,
+}
+
+impl KubernetesConfig {
+    /// The node name: the configured one, else `$NODE_NAME`, else the host name (lower-cased).
+    pub fn resolve_node_name(&self) -> Option<String> {
+        if !self.node_name.is_empty() {
+            return Some(self.node_name.clone());
+        }
+        if let Some(n) = std::env::var_os("NODE_NAME").and_then(|n| n.into_string().ok())
+            && !n.is_empty()
+        {
+            return Some(n);
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+    }
 }

@@ -90,12 +90,49 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             ),
         )?;
     }
+    dra(cfg)?;
     if let Some(addr) = cfg.metrics.listen
         && !addr.ip().is_loopback()
     {
         fail(
             vec![Key("metrics"), Key("listen")],
             format!("metrics address {addr} is not a loopback address; use 127.0.0.1 or [::1]"),
+        )?;
+    }
+    Ok(())
+}
+
+/// The `dra` section: a driver name the API server accepts, absolute kubelet directories.
+fn dra(cfg: &Config) -> Checked {
+    let driver = &cfg.dra.driver_name;
+    let label = |l: &str| {
+        let b = l.as_bytes();
+        let edge = |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        edge(b.first())
+            && edge(b.last())
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    };
+    if driver.len() > 63 || !driver.split('.').all(label) {
+        fail(
+            vec![Key("dra"), Key("driver_name")],
+            format!(
+                "driver name {driver:?} must be a DNS subdomain ([a-z0-9.-]) of at most 63 characters, e.g. accel.nri.io"
+            ),
+        )?;
+    }
+    absolute(
+        &cfg.dra.plugins_registry_dir,
+        vec![Key("dra"), Key("plugins_registry_dir")],
+    )?;
+    absolute(&cfg.dra.plugins_dir, vec![Key("dra"), Key("plugins_dir")])?;
+    let node = &cfg.kubernetes.node_name;
+    if !node.is_empty() && (node.len() > 253 || !node.split('.').all(label)) {
+        fail(
+            vec![Key("kubernetes"), Key("node_name")],
+            format!(
+                "node name {node:?} must be a DNS subdomain ([a-z0-9.-], at most 253 characters) as Kubernetes names nodes"
+            ),
         )?;
     }
     Ok(())

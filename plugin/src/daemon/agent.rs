@@ -61,7 +61,12 @@ pub struct Agent {
     engine: Arc<Engine>,
     settings: AgentSettings,
     containers: Mutex<ContainerMap>,
+    sections: Mutex<Vec<(&'static str, StatusSection)>>,
 }
+
+/// Gives one extra member of the status document (e.g. the kubelet's registration), evaluated
+/// each time `status` is asked.
+pub type StatusSection = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// The claim UID of a container's annotation claim.
 pub fn annotation_claim_uid(container_id: &str) -> String {
@@ -80,7 +85,17 @@ impl Agent {
             engine,
             settings,
             containers: Mutex::new(ContainerMap::default()),
+            sections: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Adds the member `name` to the status document (a part of the daemon that runs only when
+    /// configured, such as the DRA driver, tells its state this way). A second section of the
+    /// same name replaces the first.
+    pub fn add_status_section(&self, name: &'static str, section: StatusSection) {
+        let mut sections = self.sections.lock().unwrap_or_else(|e| e.into_inner());
+        sections.retain(|(n, _)| *n != name);
+        sections.push((name, section));
     }
 
     /// The engine the agent drives.
@@ -282,6 +297,13 @@ impl Agent {
             policy: self.engine.snapshot(),
             containers: self.container_claims(),
             pending_updates: self.engine.pending_updates(),
+            sections: self
+                .sections
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(name, section)| (*name, section()))
+                .collect(),
         };
         self.engine
             .with_claims(|claims| super::status::render(&parts, claims))

@@ -55,6 +55,9 @@ pub enum DaemonError {
     /// The NRI stub could not be set up.
     #[error("NRI: {0}")]
     Nri(#[from] nri_proto::StubError),
+    /// `dra.enabled` but the kubelet side of the DRA driver cannot start.
+    #[error("DRA driver: {0}")]
+    Dra(#[from] super::dra::DraStartError),
     /// The configured claims group does not exist.
     #[error("claims_api.group {0:?} is not a group on this host; create it or remove the setting")]
     UnknownGroup(String),
@@ -69,6 +72,9 @@ pub struct DaemonOptions {
     pub boot_id: Option<String>,
     /// An already connected NRI socket (launched by the runtime on fd 3).
     pub nri_stream: Option<StdUnixStream>,
+    /// Where the DRA driver reads claims' allocations (the API server); without one, claims the
+    /// node does not hold yet are refused.
+    pub claim_source: Option<Arc<dyn crate::kubelet::ClaimSource>>,
 }
 
 /// A running daemon.
@@ -84,6 +90,7 @@ pub struct Daemon {
     report: StartupReport,
     nri_ended: tokio::sync::watch::Receiver<bool>,
     device_health: HealthMonitor,
+    dra: Option<crate::kubelet::DraDriver>,
     _lock: NodeLockGuard,
 }
 
@@ -208,9 +215,13 @@ impl Daemon {
             },
         };
         let facade = Arc::new(ClaimsFacade::new(agent.clone(), metrics.clone()));
-        let claims =
-            ClaimsServer::bind(&config.claims_api.socket, facade, gate.clone(), server_opts)
-                .await?;
+        let claims = ClaimsServer::bind(
+            &config.claims_api.socket,
+            facade.clone(),
+            gate.clone(),
+            server_opts,
+        )
+        .await?;
         tracing::info!(socket = %config.claims_api.socket.display(), "claims API listening; refusing claims until the runtime's Synchronize");
 
         let mut builder = Stub::builder()
@@ -282,6 +293,21 @@ impl Daemon {
                 monitor
             }
         };
+        let dra = if config.dra.enabled {
+            let parts = super::dra::DraParts {
+                engine: engine.clone(),
+                claims: facade.clone(),
+                gate: gate.clone(),
+                health: device_health.clone(),
+                source: opts
+                    .claim_source
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(super::dra::NoApiServer)),
+            };
+            Some(super::dra::start(config, &agent, parts)?)
+        } else {
+            None
+        };
         refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
@@ -295,6 +321,7 @@ impl Daemon {
             report,
             nri_ended,
             device_health,
+            dra,
             _lock: guard,
         })
     }
@@ -338,9 +365,17 @@ impl Daemon {
         let _ = rx.wait_for(|ended| *ended).await;
     }
 
-    /// Stops serving: closes the NRI connection, the claims API (its socket is
-    /// unlinked) and the background tasks, then releases the node lock.
+    /// The DRA driver's kubelet sockets, when `dra.enabled`.
+    pub fn dra(&self) -> Option<&crate::kubelet::DraDriver> {
+        self.dra.as_ref()
+    }
+
+    /// Stops serving: the kubelet's DRA sockets (unlinked), the NRI connection, the claims API
+    /// (its socket is unlinked) and the background tasks, then releases the node lock.
     pub async fn shutdown(mut self) {
+        if let Some(dra) = self.dra.take() {
+            dra.shutdown().await;
+        }
         self.stub.close();
         // Let the stub close its ttrpc server itself: aborting it half-way makes
         // the ttrpc crate's listener task panic on a dropped channel.
