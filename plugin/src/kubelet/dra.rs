@@ -444,118 +444,75 @@ fn refs<C>(claims: Vec<C>, parts: impl Fn(C) -> (String, String, String)) -> Vec
         .collect()
 }
 
-/// `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`.
-pub struct DraV1(DraService);
+/// Declares the gRPC service of one DRA API version over [`DraService`]: the versions differ only
+/// in their generated types and in `Device.share_id` (v1 only), named by the optional last part.
+macro_rules! dra_version {
+    ($(#[$doc:meta])* $name:ident, $pb:ident $(, $share:ident)?) => {
+        $(#[$doc])*
+        pub struct $name(DraService);
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for DraV1 {
-    async fn node_prepare_resources(
-        &self,
-        req: tonic::Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<tonic::Response<v1::NodePrepareResourcesResponse>, tonic::Status> {
-        let claims = refs(req.into_inner().claims, |c| (c.namespace, c.uid, c.name));
-        let answers = self.0.prepare(claims).await?;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, answer)| {
-                let (devices, error) = match answer {
-                    Ok(devices) => (devices, String::new()),
-                    Err(e) => (Vec::new(), e),
-                };
-                let devices = devices
+        #[tonic::async_trait]
+        impl $pb::dra_plugin_server::DraPlugin for $name {
+            async fn node_prepare_resources(
+                &self,
+                req: tonic::Request<$pb::NodePrepareResourcesRequest>,
+            ) -> Result<tonic::Response<$pb::NodePrepareResourcesResponse>, tonic::Status> {
+                let claims = refs(req.into_inner().claims, |c| (c.namespace, c.uid, c.name));
+                let claims = self
+                    .0
+                    .prepare(claims)
+                    .await?
                     .into_iter()
-                    .map(|d| v1::Device {
-                        request_names: d.request_names,
-                        pool_name: d.pool,
-                        device_name: d.device,
-                        cdi_device_ids: d.cdi_device_ids,
-                        share_id: d.share_id,
+                    .map(|(uid, answer)| {
+                        let (devices, error) = match answer {
+                            Ok(devices) => (devices, String::new()),
+                            Err(e) => (Vec::new(), e),
+                        };
+                        let devices = devices
+                            .into_iter()
+                            .map(|d| $pb::Device {
+                                request_names: d.request_names,
+                                pool_name: d.pool,
+                                device_name: d.device,
+                                cdi_device_ids: d.cdi_device_ids,
+                                $($share: d.share_id,)?
+                            })
+                            .collect();
+                        (uid, $pb::NodePrepareResourceResponse { devices, error })
                     })
                     .collect();
-                (uid, v1::NodePrepareResourceResponse { devices, error })
-            })
-            .collect();
-        Ok(tonic::Response::new(v1::NodePrepareResourcesResponse {
-            claims,
-        }))
-    }
+                Ok(tonic::Response::new($pb::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        req: tonic::Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<tonic::Response<v1::NodeUnprepareResourcesResponse>, tonic::Status> {
-        let claims = refs(req.into_inner().claims, |c| (c.namespace, c.uid, c.name));
-        let claims = self
-            .0
-            .unprepare(claims)
-            .await?
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = r.err().unwrap_or_default();
-                (uid, v1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        Ok(tonic::Response::new(v1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
-    }
-}
-
-/// `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` (no share IDs in its answers).
-pub struct DraV1beta1(DraService);
-
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
-    async fn node_prepare_resources(
-        &self,
-        req: tonic::Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<tonic::Response<v1beta1::NodePrepareResourcesResponse>, tonic::Status> {
-        let claims = refs(req.into_inner().claims, |c| (c.namespace, c.uid, c.name));
-        let answers = self.0.prepare(claims).await?;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, answer)| {
-                let (devices, error) = match answer {
-                    Ok(devices) => (devices, String::new()),
-                    Err(e) => (Vec::new(), e),
-                };
-                let devices = devices
+            async fn node_unprepare_resources(
+                &self,
+                req: tonic::Request<$pb::NodeUnprepareResourcesRequest>,
+            ) -> Result<tonic::Response<$pb::NodeUnprepareResourcesResponse>, tonic::Status> {
+                let claims = refs(req.into_inner().claims, |c| (c.namespace, c.uid, c.name));
+                let claims = self
+                    .0
+                    .unprepare(claims)
+                    .await?
                     .into_iter()
-                    .map(|d| v1beta1::Device {
-                        request_names: d.request_names,
-                        pool_name: d.pool,
-                        device_name: d.device,
-                        cdi_device_ids: d.cdi_device_ids,
+                    .map(|(uid, r)| {
+                        let error = r.err().unwrap_or_default();
+                        (uid, $pb::NodeUnprepareResourceResponse { error })
                     })
                     .collect();
-                (uid, v1beta1::NodePrepareResourceResponse { devices, error })
-            })
-            .collect();
-        Ok(tonic::Response::new(
-            v1beta1::NodePrepareResourcesResponse { claims },
-        ))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        req: tonic::Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<tonic::Response<v1beta1::NodeUnprepareResourcesResponse>, tonic::Status> {
-        let claims = refs(req.into_inner().claims, |c| (c.namespace, c.uid, c.name));
-        let claims = self
-            .0
-            .unprepare(claims)
-            .await?
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = r.err().unwrap_or_default();
-                (uid, v1beta1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        Ok(tonic::Response::new(
-            v1beta1::NodeUnprepareResourcesResponse { claims },
-        ))
-    }
+                Ok(tonic::Response::new($pb::NodeUnprepareResourcesResponse { claims }))
+            }
+        }
+    };
 }
+
+dra_version!(
+    /// `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`.
+    DraV1, v1, share_id
+);
+dra_version!(
+    /// `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` (no share IDs in its answers).
+    DraV1beta1, v1beta1
+);
 
 #[cfg(test)]
 mod tests {

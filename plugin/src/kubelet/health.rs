@@ -181,79 +181,57 @@ fn truncate(text: &str) -> String {
 /// A stream of gRPC messages for one API version.
 type Messages<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
 
-/// `v1.DRAResourceHealth`.
-pub struct HealthV1(HealthService);
+/// Declares the gRPC service of one health API version over [`HealthService`] (the versions
+/// differ only in their generated types).
+macro_rules! health_version {
+    ($(#[$doc:meta])* $name:ident, $pb:ident, $shown:literal) => {
+        $(#[$doc])*
+        pub struct $name(HealthService);
 
-#[tonic::async_trait]
-impl v1::dra_resource_health_server::DraResourceHealth for HealthV1 {
-    type NodeWatchResourcesStream = Messages<v1::NodeWatchResourcesResponse>;
+        #[tonic::async_trait]
+        impl $pb::dra_resource_health_server::DraResourceHealth for $name {
+            type NodeWatchResourcesStream = Messages<$pb::NodeWatchResourcesResponse>;
 
-    async fn node_watch_resources(
-        &self,
-        _req: tonic::Request<v1::NodeWatchResourcesRequest>,
-    ) -> Result<tonic::Response<Self::NodeWatchResourcesStream>, tonic::Status> {
-        tracing::info!("the kubelet is watching device health (v1)");
-        let timeout = self.0.timeout_secs();
-        let stream = futures::StreamExt::map(self.0.entries(), move |entries| {
-            let devices = entries
-                .into_iter()
-                .map(|e| v1::DeviceHealth {
-                    device: Some(v1::DeviceIdentifier {
-                        pool_name: e.pool,
-                        device_name: e.device,
-                    }),
-                    health: if e.healthy {
-                        v1::HealthStatus::Healthy
-                    } else {
-                        v1::HealthStatus::Unhealthy
-                    } as i32,
-                    last_updated_time: e.checked_at,
-                    health_check_timeout_seconds: timeout,
-                    message: e.message,
-                })
-                .collect();
-            Ok(v1::NodeWatchResourcesResponse { devices })
-        });
-        Ok(tonic::Response::new(Box::pin(stream)))
-    }
+            async fn node_watch_resources(
+                &self,
+                _req: tonic::Request<$pb::NodeWatchResourcesRequest>,
+            ) -> Result<tonic::Response<Self::NodeWatchResourcesStream>, tonic::Status> {
+                tracing::info!(api = $shown, "the kubelet is watching device health");
+                let timeout = self.0.timeout_secs();
+                let stream = futures::StreamExt::map(self.0.entries(), move |entries| {
+                    let devices = entries
+                        .into_iter()
+                        .map(|e| $pb::DeviceHealth {
+                            device: Some($pb::DeviceIdentifier {
+                                pool_name: e.pool,
+                                device_name: e.device,
+                            }),
+                            health: if e.healthy {
+                                $pb::HealthStatus::Healthy
+                            } else {
+                                $pb::HealthStatus::Unhealthy
+                            } as i32,
+                            last_updated_time: e.checked_at,
+                            health_check_timeout_seconds: timeout,
+                            message: e.message,
+                        })
+                        .collect();
+                    Ok($pb::NodeWatchResourcesResponse { devices })
+                });
+                Ok(tonic::Response::new(Box::pin(stream)))
+            }
+        }
+    };
 }
 
-/// `v1alpha1.DRAResourceHealth`.
-pub struct HealthV1alpha1(HealthService);
-
-#[tonic::async_trait]
-impl v1alpha1::dra_resource_health_server::DraResourceHealth for HealthV1alpha1 {
-    type NodeWatchResourcesStream = Messages<v1alpha1::NodeWatchResourcesResponse>;
-
-    async fn node_watch_resources(
-        &self,
-        _req: tonic::Request<v1alpha1::NodeWatchResourcesRequest>,
-    ) -> Result<tonic::Response<Self::NodeWatchResourcesStream>, tonic::Status> {
-        tracing::info!("the kubelet is watching device health (v1alpha1)");
-        let timeout = self.0.timeout_secs();
-        let stream = futures::StreamExt::map(self.0.entries(), move |entries| {
-            let devices = entries
-                .into_iter()
-                .map(|e| v1alpha1::DeviceHealth {
-                    device: Some(v1alpha1::DeviceIdentifier {
-                        pool_name: e.pool,
-                        device_name: e.device,
-                    }),
-                    health: if e.healthy {
-                        v1alpha1::HealthStatus::Healthy
-                    } else {
-                        v1alpha1::HealthStatus::Unhealthy
-                    } as i32,
-                    last_updated_time: e.checked_at,
-                    health_check_timeout_seconds: timeout,
-                    message: e.message,
-                })
-                .collect();
-            Ok(v1alpha1::NodeWatchResourcesResponse { devices })
-        });
-        Ok(tonic::Response::new(Box::pin(stream)))
-    }
-}
+health_version!(
+    /// `v1.DRAResourceHealth`.
+    HealthV1, v1, "v1"
+);
+health_version!(
+    /// `v1alpha1.DRAResourceHealth`.
+    HealthV1alpha1, v1alpha1, "v1alpha1"
+);
 
 #[cfg(test)]
 mod tests {
