@@ -233,4 +233,6 @@ async fn a_device_losing_its_driver_goes_unhealthy_on_the_kubelets_stream_and_ba
         .wait_for(WAIT, |d| d.iter().all(|e| e.is_healthy()))
         .await
         .unwrap();
+    let doc = node.status_json().await;
+    assert_eq!(doc["device_health"]["unhealthy"], serde_json::json!({}));
 }

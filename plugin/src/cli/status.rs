@@ -112,6 +112,13 @@ pub fn render(doc: &Value) -> String {
     }
     let containers = doc["containers"].as_object().cloned().unwrap_or_default();
     let _ = writeln!(out, "\ncontainers known: {}", containers.len());
+    for (device, reason) in doc["device_health"]["unhealthy"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        let _ = writeln!(out, "UNHEALTHY device {device}: {}", s(reason));
+    }
     if let Some(dra) = doc.get("kubelet").and_then(|k| k.get("dra")) {
         out.push_str(&kubelet_dra(dra));
     }

@@ -293,6 +293,15 @@ impl Daemon {
                 monitor
             }
         };
+        tasks.push(tokio::spawn(follow_device_health(
+            device_health.clone(),
+            metrics.clone(),
+        )));
+        let monitor = device_health.clone();
+        agent.add_status_section(
+            "device_health",
+            Box::new(move || device_health_status(&monitor.current())),
+        );
         let dra = if config.dra.enabled {
             let parts = super::dra::DraParts {
                 engine: engine.clone(),
@@ -478,4 +487,34 @@ pub fn refresh_gauges(agent: &Agent, metrics: &Metrics) {
         }
     });
     metrics.set_pending_updates(engine.pending_updates() as u64);
+}
+
+/// Keeps the `device_healthy` gauges equal to the health monitor's latest report.
+async fn follow_device_health(monitor: HealthMonitor, metrics: Arc<Metrics>) {
+    let mut rx = monitor.subscribe();
+    loop {
+        let report = rx.borrow_and_update().clone();
+        for (device, health) in &report.devices {
+            metrics.set_device_healthy(device, health.healthy);
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The `device_health` member of the status document: when the devices were last checked and
+/// each unhealthy device with the reason.
+fn device_health_status(report: &HealthReport) -> serde_json::Value {
+    let checked_at = report
+        .checked_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let unhealthy: serde_json::Map<String, serde_json::Value> = report
+        .devices
+        .iter()
+        .filter(|(_, h)| !h.healthy)
+        .map(|(id, h)| (id.clone(), serde_json::Value::String(h.reason.clone())))
+        .collect();
+    serde_json::json!({ "checked_at": checked_at, "unhealthy": unhealthy })
 }
