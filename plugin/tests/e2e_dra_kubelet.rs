@@ -1,5 +1,6 @@
 //! The DRA driver's kubelet side through the real `nri-accel` binary and the simulated kubelet:
-//! registration and its verdict in `status`, UNAVAILABLE until the runtime synchronizes, a
+//! registration and its verdict in `status`, UNAVAILABLE until the runtime synchronizes (and
+//! again while it is away), a
 //! kubelet restart, wiped kubelet directories, a refusal the operator sees, device health from a
 //! sysfs fixture whose driver link disappears, and sockets unlinked on SIGTERM.
 
@@ -89,7 +90,7 @@ async fn registration_gate_restart_refusal_and_shutdown() {
     // The runtime comes: the plugin reconnects, synchronizes, and the gate opens.
     drop(silent);
     std::fs::remove_file(&node.nri_socket).unwrap();
-    let _fake = runtime(&node).await;
+    let fake = runtime(&node).await;
     let claims = node.client_gate_open().await;
     // A claim the node holds (prepared here through the claims API's results path) is answered
     // over the DRA socket from the node's record, and released by NodeUnprepareResources.
@@ -117,6 +118,20 @@ async fn registration_gate_restart_refusal_and_shutdown() {
         .unwrap();
     assert!(released.values().all(Result::is_ok), "{released:?}");
     assert!(node.spec_uids().is_empty());
+
+    // The runtime goes away: the gate closes and the kubelet's calls are UNAVAILABLE again until
+    // the runtime is back and synchronized.
+    fake.stop().await;
+    wait_for("UNAVAILABLE after the runtime left", || async {
+        let r = client.unprepare(&[kube_claim("uid-1")]).await;
+        matches!(r, Err(e) if e.code() == Some(tonic::Code::Unavailable)).then_some(())
+    })
+    .await;
+    fake.restart().await.unwrap();
+    wait_for("answers after the runtime came back", || async {
+        client.unprepare(&[kube_claim("uid-1")]).await.ok()
+    })
+    .await;
 
     // The kubelet restarts: it reads its registry directory again and registers the plugin.
     kubelet.restart();
