@@ -6,3 +6,4 @@
 //! cancelling out.
 
 pub mod kubelet;
+pub mod scheduler;
