@@ -11,16 +11,17 @@
 //! flight here and its lock can be taken, i.e. its writer has died.
 
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions, Permissions};
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs::Permissions;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{Flock, FlockArg, OFlag};
 
 use crate::CdiError;
+use crate::dir::Dir;
 
 /// Mode of every spec file: world-readable, as runtimes and other agents read the directory.
 pub const SPEC_MODE: u32 = 0o644;
@@ -71,30 +72,30 @@ impl Drop for InFlight {
 }
 
 /// fsyncs a directory so that renames and unlinks in it survive a power loss.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), CdiError> {
-    let d = File::open(dir).map_err(|e| CdiError::io("open directory", dir, e))?;
-    d.sync_all()
-        .map_err(|e| CdiError::io("fsync directory", dir, e))
+pub(crate) fn sync_dir(dir: &Dir) -> Result<(), CdiError> {
+    dir.sync()
+        .map_err(|e| CdiError::io("fsync directory", dir.path(), e))
 }
 
-/// Atomically and durably replaces `dir/target_name` with `bytes` (mode 0644).
+/// Atomically and durably replaces `target_name` in `dir` with `bytes` (mode 0644).
 ///
 /// `step` is called after the temp file is written and after the rename.
 pub(crate) fn replace(
-    dir: &Path,
+    dir: &Dir,
     target_name: &str,
     bytes: &[u8],
     step: &dyn Fn(WriteStep),
 ) -> Result<(), CdiError> {
-    let tmp = dir.join(temp_name(target_name));
-    let target = dir.join(target_name);
+    let tmp_name = temp_name(target_name);
+    let tmp = dir.display(&tmp_name);
+    let target = dir.display(target_name);
     let _in_flight = InFlight::register(tmp.clone());
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(SPEC_MODE)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(&tmp)
+    let file = dir
+        .open_file(
+            &tmp_name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+            SPEC_MODE,
+        )
         .map_err(|e| CdiError::io("create temp spec", &tmp, e))?;
     // From here on, any failure removes the temp file.
     let result = (|| {
@@ -107,10 +108,11 @@ pub(crate) fn replace(
         file.sync_all()
             .map_err(|e| CdiError::io("fsync temp spec", &tmp, e))?;
         step(WriteStep::TempWritten);
-        fs::rename(&tmp, &target).map_err(|e| CdiError::io("rename temp spec onto", &target, e))
+        dir.rename(&tmp_name, target_name)
+            .map_err(|e| CdiError::io("rename temp spec onto", &target, e))
     })();
     if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
+        let _ = dir.unlink(&tmp_name);
         return Err(e);
     }
     sync_dir(dir)?;
@@ -118,36 +120,27 @@ pub(crate) fn replace(
     Ok(())
 }
 
-/// Removes `path` if it is a temp file whose writer is gone; returns whether it did.
-pub(crate) fn remove_if_stray(path: &Path) -> Result<bool, CdiError> {
-    if InFlight::contains(path) {
+/// Removes the temp file `name` in `dir` if its writer is gone; returns whether it did.
+pub(crate) fn remove_if_stray(dir: &Dir, name: &str) -> Result<bool, CdiError> {
+    let path = dir.display(name);
+    if InFlight::contains(&path) {
         return Ok(false);
     }
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(CdiError::io("open temp spec", path, e)),
+    let file = match dir.read_file(name) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(false),
+        Err(e) => return Err(CdiError::io("open temp spec", &path, e)),
     };
     let Ok(_lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
         // A live writer (perhaps in another process) holds it.
         return Ok(false);
     };
-    match fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(CdiError::io("remove stray temp spec", path, e)),
-    }
+    dir.unlink(name)
+        .map_err(|e| CdiError::io("remove stray temp spec", &path, e))
 }
 
-/// Unlinks `path`; a missing file is success. Returns whether a file was removed.
-pub(crate) fn unlink(path: &Path) -> Result<bool, CdiError> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(CdiError::io("remove spec", path, e)),
-    }
+/// Unlinks `name` in `dir`; a missing file is success. Returns whether a file was removed.
+pub(crate) fn unlink(dir: &Dir, name: &str) -> Result<bool, CdiError> {
+    dir.unlink(name)
+        .map_err(|e| CdiError::io("remove spec", dir.display(name), e))
 }

@@ -73,6 +73,9 @@ pub enum CdiError {
         /// The parser's message (with line and column for YAML).
         reason: String,
     },
+    /// The CDI directory cannot be used as one (a symbolic link, not a directory).
+    #[error("CDI directory: {0}")]
+    Dir(String),
     /// A file-system operation failed.
     #[error("{op} {path}: {source}")]
     Io {

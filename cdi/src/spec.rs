@@ -154,7 +154,15 @@ impl Spec {
             reason,
         };
         if path.extension().is_some_and(|e| e == "json") {
-            serde_json::from_slice(bytes).map_err(|e| parse(e.to_string()))
+            // A stamp is a YAML comment line, which every CDI reader (a YAML parser) skips.
+            let body = match bytes.first() {
+                Some(b'#') => bytes
+                    .iter()
+                    .position(|b| *b == b'\n')
+                    .map_or(&bytes[bytes.len()..], |n| &bytes[n + 1..]),
+                _ => bytes,
+            };
+            serde_json::from_slice(body).map_err(|e| parse(e.to_string()))
         } else {
             serde_saphyr::from_slice(bytes).map_err(|e| parse(e.to_string()))
         }

@@ -1,17 +1,18 @@
 //! The per-claim CDI spec store: one durable spec file per claim in one directory.
 
 use std::collections::BTreeSet;
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::File;
 use std::io::{ErrorKind, Read};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::CdiError;
+use crate::dir::{Dir, DirError};
 use crate::durable::{self, WriteStep};
 use crate::edits::{DeviceEdits, validate_edits};
 use crate::names::{self, validate_claim_uid};
 use crate::spec::{MAX_SPEC_BYTES, Spec, SpecFormat};
+use crate::stamp::{MAX_STAMP_LINE, Stamp};
 
 /// Called after each step of a write or remove; a crash test's hook aborts the process there.
 pub type StepHook = Arc<dyn Fn(WriteStep) + Send + Sync>;
@@ -44,13 +45,30 @@ impl StoreConfig {
 /// One spec file per claim, named `<vendor>-<class>_<uid>.yaml` (or `.json`), written durably.
 ///
 /// The store owns only files with its `<vendor>-<class>_` prefix; other files in the directory
-/// are never read, changed or removed. It does not serialise callers: the claim engine must not
-/// write and remove the same claim concurrently (different claims are independent).
+/// are never read, changed or removed. The directory is opened once, at [`SpecStore::open`]; every
+/// file operation after that goes through the open handle (see [`Dir`]), so a directory renamed
+/// or replaced while the store is open never redirects a write or a removal. It does not
+/// serialise callers: the claim engine must not write and remove the same claim concurrently
+/// (different claims are independent).
 pub struct SpecStore {
     cfg: StoreConfig,
+    dir: Dir,
     kind: String,
     prefix: String,
     hook: Option<StepHook>,
+    read_only: bool,
+}
+
+/// A spec file of the store found by [`SpecStore::list_stamped`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedSpec {
+    /// The claim it grants.
+    pub uid: String,
+    /// Its file name in the directory.
+    pub file: String,
+    /// The commit it was written under; `None` for a spec without a stamp (written by an
+    /// nri-accel before stamps, or not by nri-accel).
+    pub stamp: Option<Stamp>,
 }
 
 impl std::fmt::Debug for SpecStore {
@@ -58,26 +76,57 @@ impl std::fmt::Debug for SpecStore {
         f.debug_struct("SpecStore")
             .field("cfg", &self.cfg)
             .field("hook", &self.hook.is_some())
+            .field("read_only", &self.read_only)
             .finish()
     }
 }
 
+fn dir_error(e: DirError) -> CdiError {
+    match e {
+        DirError::Io { op, path, source } => CdiError::Io { op, path, source },
+        other => CdiError::Dir(other.to_string()),
+    }
+}
+
 impl SpecStore {
-    /// Checks the vendor and class names and creates the directory (0755) if it is missing.
+    /// Checks the vendor and class names, creates the directory (0755, with missing parents)
+    /// if it is missing, and opens it; a symbolic link as the directory is refused.
     pub fn open(cfg: StoreConfig) -> Result<SpecStore, CdiError> {
         names::validate_kind_part("vendor", &cfg.vendor)?;
         names::validate_kind_part("class", &cfg.class)?;
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&cfg.dir)
-            .map_err(|e| CdiError::io("create CDI directory", &cfg.dir, e))?;
-        Ok(SpecStore {
+        let (dir, _) = Dir::open_or_create(&cfg.dir, 0o755).map_err(dir_error)?;
+        Ok(Self::with_dir(cfg, dir, false))
+    }
+
+    /// Opens an existing directory for reading only: nothing is created, and [`SpecStore::list`]
+    /// removes no stray temp file; every writing call fails. A missing directory is an
+    /// `Io` error of kind `NotFound`.
+    pub fn open_read_only(cfg: StoreConfig) -> Result<SpecStore, CdiError> {
+        names::validate_kind_part("vendor", &cfg.vendor)?;
+        names::validate_kind_part("class", &cfg.class)?;
+        let dir = match Dir::open(&cfg.dir) {
+            Ok(d) => d,
+            Err(DirError::Missing { path }) => {
+                return Err(CdiError::io(
+                    "open CDI directory",
+                    path,
+                    std::io::Error::from(ErrorKind::NotFound),
+                ));
+            }
+            Err(e) => return Err(dir_error(e)),
+        };
+        Ok(Self::with_dir(cfg, dir, true))
+    }
+
+    fn with_dir(cfg: StoreConfig, dir: Dir, read_only: bool) -> SpecStore {
+        SpecStore {
             kind: format!("{}/{}", cfg.vendor, cfg.class),
             prefix: format!("{}-{}_", cfg.vendor, cfg.class),
             cfg,
+            dir,
             hook: None,
-        })
+            read_only,
+        }
     }
 
     /// The CDI kind of every spec this store writes, `vendor/class`.
@@ -88,6 +137,12 @@ impl SpecStore {
     /// The directory the store writes to.
     pub fn dir(&self) -> &Path {
         &self.cfg.dir
+    }
+
+    /// Whether the configured path still leads to the directory opened (it was not renamed
+    /// away or replaced since). The store keeps using the opened one either way.
+    pub fn dir_still_at_path(&self) -> bool {
+        self.dir.still_at_path()
     }
 
     /// Qualified CDI device IDs `vendor/class=claim-<uid>-<i>` for `results` results of a claim.
@@ -124,10 +179,45 @@ impl SpecStore {
         }
     }
 
-    /// Durably writes the claim's spec, one device per result, and returns the qualified
-    /// device IDs in result order. Everything is checked before the file system is touched.
-    /// Writing the same claim again replaces the spec atomically (idempotent).
+    fn writable(&self, op: &'static str) -> Result<(), CdiError> {
+        if self.read_only {
+            return Err(CdiError::io(
+                op,
+                self.dir.path(),
+                std::io::Error::new(
+                    ErrorKind::PermissionDenied,
+                    "the spec store was opened read-only",
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Durably writes the claim's spec, one device per result, without a commit stamp, and
+    /// returns the qualified device IDs in result order. See [`SpecStore::write_stamped`].
     pub fn write(&self, claim_uid: &str, results: &[DeviceEdits]) -> Result<Vec<String>, CdiError> {
+        self.write_inner(claim_uid, None, results)
+    }
+
+    /// Durably writes the claim's spec carrying `stamp` (the commit that created the claim's
+    /// record), one device per result, and returns the qualified device IDs in result order.
+    /// Everything is checked before the file system is touched. Writing the same claim again
+    /// replaces the spec atomically (idempotent).
+    pub fn write_stamped(
+        &self,
+        claim_uid: &str,
+        stamp: &Stamp,
+        results: &[DeviceEdits],
+    ) -> Result<Vec<String>, CdiError> {
+        self.write_inner(claim_uid, Some(stamp), results)
+    }
+
+    fn write_inner(
+        &self,
+        claim_uid: &str,
+        stamp: Option<&Stamp>,
+        results: &[DeviceEdits],
+    ) -> Result<Vec<String>, CdiError> {
         validate_claim_uid(claim_uid)?;
         if results.is_empty() {
             return Err(CdiError::EmptyEdits {
@@ -139,7 +229,17 @@ impl SpecStore {
             validate_edits(claim_uid, i, r)?;
         }
         let spec = Spec::for_claim(&self.kind, claim_uid, results);
-        let bytes = spec.encode(self.cfg.format, claim_uid)?;
+        let mut bytes = match stamp {
+            Some(s) => {
+                s.check().map_err(|reason| CdiError::Encode {
+                    claim: claim_uid.to_owned(),
+                    reason,
+                })?;
+                s.line().into_bytes()
+            }
+            None => Vec::new(),
+        };
+        bytes.extend(spec.encode(self.cfg.format, claim_uid)?);
         let name = self.file_name(claim_uid, self.cfg.format);
         if bytes.len() as u64 > MAX_SPEC_BYTES {
             return Err(CdiError::TooLarge {
@@ -148,14 +248,12 @@ impl SpecStore {
                 limit: MAX_SPEC_BYTES,
             });
         }
-        durable::replace(&self.cfg.dir, &name, &bytes, &|s| self.step(s))?;
+        self.writable("write spec in")?;
+        durable::replace(&self.dir, &name, &bytes, &|s| self.step(s))?;
         // A spec of the same claim in the other format would define the same devices twice.
-        let other = self
-            .cfg
-            .dir
-            .join(self.file_name(claim_uid, self.other_format()));
-        if durable::unlink(&other)? {
-            durable::sync_dir(&self.cfg.dir)?;
+        let other = self.file_name(claim_uid, self.other_format());
+        if durable::unlink(&self.dir, &other)? {
+            durable::sync_dir(&self.dir)?;
         }
         self.device_ids(claim_uid, results.len())
     }
@@ -163,11 +261,12 @@ impl SpecStore {
     /// Durably removes the claim's spec (either format); a missing spec is success.
     pub fn remove(&self, claim_uid: &str) -> Result<(), CdiError> {
         validate_claim_uid(claim_uid)?;
+        self.writable("remove spec in")?;
         for f in [self.cfg.format, self.other_format()] {
-            durable::unlink(&self.cfg.dir.join(self.file_name(claim_uid, f)))?;
+            durable::unlink(&self.dir, &self.file_name(claim_uid, f))?;
         }
         // Always sync: an earlier remove may have died before its directory fsync.
-        durable::sync_dir(&self.cfg.dir)?;
+        durable::sync_dir(&self.dir)?;
         self.step(WriteStep::Removed);
         Ok(())
     }
@@ -176,27 +275,85 @@ impl SpecStore {
     pub fn exists(&self, claim_uid: &str) -> Result<bool, CdiError> {
         validate_claim_uid(claim_uid)?;
         for f in [self.cfg.format, self.other_format()] {
-            let p = self.cfg.dir.join(self.file_name(claim_uid, f));
-            match fs::symlink_metadata(&p) {
-                Ok(_) => return Ok(true),
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(CdiError::io("stat spec", p, e)),
+            let name = self.file_name(claim_uid, f);
+            match self.dir.stat(&name) {
+                Ok(Some(_)) => return Ok(true),
+                Ok(None) => {}
+                Err(e) => return Err(CdiError::io("stat spec", self.dir.display(&name), e)),
             }
         }
         Ok(false)
     }
 
-    /// Claim UIDs that have a spec of our kind, sorted. Removes our stray temp files (those
-    /// whose writer has died). An unreadable directory is an error, never an empty list, so a
-    /// caller reconciling against it cannot mistake "unreadable" for "nothing granted".
+    /// Claim UIDs that have a spec of our kind, sorted. Unless the store is read-only, removes
+    /// our stray temp files (those whose writer has died). An unreadable directory is an error,
+    /// never an empty list, so a caller reconciling against it cannot mistake "unreadable" for
+    /// "nothing granted".
     pub fn list(&self) -> Result<Vec<String>, CdiError> {
-        let dir = &self.cfg.dir;
-        let entries = fs::read_dir(dir).map_err(|e| CdiError::io("read CDI directory", dir, e))?;
+        Ok(self
+            .list_files()?
+            .into_iter()
+            .map(|(uid, _)| uid)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect())
+    }
+
+    /// Every spec file of our kind with its stamp, sorted by claim (a claim with a spec in both
+    /// formats is listed twice). Reads the first line of each file.
+    pub fn list_stamped(&self) -> Result<Vec<ListedSpec>, CdiError> {
+        let mut out = Vec::new();
+        for (uid, file) in self.list_files()? {
+            let stamp = self.stamp_of(&file)?;
+            out.push(ListedSpec { uid, file, stamp });
+        }
+        out.sort_by(|a, b| (&a.uid, &a.file).cmp(&(&b.uid, &b.file)));
+        Ok(out)
+    }
+
+    /// The stamp of the claim's spec: `Ok(None)` when it has no spec or an unstamped one.
+    pub fn stamp(&self, claim_uid: &str) -> Result<Option<Stamp>, CdiError> {
+        validate_claim_uid(claim_uid)?;
+        for f in [self.cfg.format, self.other_format()] {
+            let name = self.file_name(claim_uid, f);
+            if self
+                .dir
+                .stat(&name)
+                .map_err(|e| CdiError::io("stat spec", self.dir.display(&name), e))?
+                .is_some()
+            {
+                return self.stamp_of(&name);
+            }
+        }
+        Ok(None)
+    }
+
+    fn stamp_of(&self, name: &str) -> Result<Option<Stamp>, CdiError> {
+        let path = self.dir.display(name);
+        let Some(file) = self
+            .dir
+            .read_file(name)
+            .map_err(|e| CdiError::io("open spec", &path, e))?
+        else {
+            return Ok(None);
+        };
+        let mut head = Vec::with_capacity(MAX_STAMP_LINE);
+        file.take(MAX_STAMP_LINE as u64)
+            .read_to_end(&mut head)
+            .map_err(|e| CdiError::io("read spec", &path, e))?;
+        Ok(Stamp::parse(&head))
+    }
+
+    /// (claim UID, file name) of every spec file of our kind; removes stray temp files unless
+    /// read-only.
+    fn list_files(&self) -> Result<Vec<(String, String)>, CdiError> {
+        let names = self
+            .dir
+            .names()
+            .map_err(|e| CdiError::io("read CDI directory", self.dir.path(), e))?;
         let temp_prefix = format!(".{}", self.prefix);
-        let mut uids = BTreeSet::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| CdiError::io("read CDI directory", dir, e))?;
-            let name = entry.file_name();
+        let mut out = Vec::new();
+        for name in names {
             let Some(name) = name.to_str() else { continue };
             if let Some(rest) = name.strip_prefix(&self.prefix) {
                 let uid = rest
@@ -205,24 +362,30 @@ impl SpecStore {
                 if let Some(uid) = uid
                     && validate_claim_uid(uid).is_ok()
                 {
-                    uids.insert(uid.to_owned());
+                    out.push((uid.to_owned(), name.to_owned()));
                 }
-            } else if name.starts_with(&temp_prefix) && name.ends_with(".tmp") {
-                let path = entry.path();
+            } else if !self.read_only && name.starts_with(&temp_prefix) && name.ends_with(".tmp") {
                 // Only regular files can be our temp files; leave anything else alone.
-                let is_file = entry
-                    .file_type()
-                    .map_err(|e| CdiError::io("stat CDI directory entry", &path, e))?
-                    .is_file();
+                let is_file = self
+                    .dir
+                    .stat(name)
+                    .map_err(|e| {
+                        CdiError::io("stat CDI directory entry", self.dir.display(name), e)
+                    })?
+                    .is_some_and(|st| {
+                        nix::sys::stat::SFlag::from_bits_truncate(st.st_mode)
+                            & nix::sys::stat::SFlag::S_IFMT
+                            == nix::sys::stat::SFlag::S_IFREG
+                    });
                 if !is_file {
                     continue;
                 }
-                if durable::remove_if_stray(&path)? {
-                    tracing::info!(path = %path.display(), "removed stray CDI temp spec");
+                if durable::remove_if_stray(&self.dir, name)? {
+                    tracing::info!(path = %self.dir.display(name).display(), "removed stray CDI temp spec");
                 }
             }
         }
-        Ok(uids.into_iter().collect())
+        Ok(out)
     }
 
     /// Reads the claim's spec back (at most 1 MiB), or `None` if it has none. A spec that
@@ -230,14 +393,11 @@ impl SpecStore {
     pub fn read(&self, claim_uid: &str) -> Result<Option<Spec>, CdiError> {
         validate_claim_uid(claim_uid)?;
         for f in [self.cfg.format, self.other_format()] {
-            let p = self.cfg.dir.join(self.file_name(claim_uid, f));
-            let file = match OpenOptions::new()
-                .read(true)
-                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK)
-                .open(&p)
-            {
-                Ok(file) => file,
-                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            let name = self.file_name(claim_uid, f);
+            let p = self.dir.display(&name);
+            let file = match self.dir.read_file(&name) {
+                Ok(Some(file)) => file,
+                Ok(None) => continue,
                 Err(e) => return Err(CdiError::io("open spec", p, e)),
             };
             let bytes = read_bounded(file, &p)?;

@@ -11,7 +11,12 @@ const UID: &str = "0b7a1c2e-9f3d-4b1a-8c6e-2d4f6a8b0c1d";
 
 fn check(dir: &std::path::Path, format: SpecFormat, uid: &str, results: &[DeviceEdits]) -> String {
     let s = store(dir, format);
-    let ids = s.write(uid, results).unwrap();
+    // Every spec the engine writes carries a commit stamp: the oracle sees it too.
+    let stamp = cdi::Stamp {
+        seq: 7,
+        boot_id: "0b7a1c2e-9f3d-4b1a-8c6e-2d4f6a8b0c1d".into(),
+    };
+    let ids = s.write_stamped(uid, &stamp, results).unwrap();
     assert_eq!(ids, s.device_ids(uid, results.len()).unwrap());
     let path = s.spec_path(uid).unwrap();
     let (mut names, min) = official_parse(&path).unwrap_or_else(|e| {
@@ -209,5 +214,38 @@ proptest! {
         let oci = m.to_oci().unwrap();
         let source = oci.source().clone().unwrap();
         prop_assert_eq!(source.to_str().unwrap(), path.as_str());
+    }
+}
+
+#[test]
+fn stamped_specs_parse_at_the_same_minimum_version_and_read_back_their_stamp() {
+    // The stamp is a comment line: no annotations, no cdiVersion bump (containerd 1.7.0-1.7.11
+    // vendors a CDI library that knows only 0.3.0-0.5.0 and refuses unknown fields).
+    let stamp = cdi::Stamp {
+        seq: 18_446_744_073_709_551_615,
+        boot_id: "6f1c2a3e-0b7a-4b1a-8c6e-2d4f6a8b0c1d".into(),
+    };
+    for format in [SpecFormat::Yaml, SpecFormat::Json] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), format);
+        let ids = s.write_stamped(UID, &stamp, &[gpu(0), gpu(1)]).unwrap();
+        let path = s.spec_path(UID).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# nri-accel commit "), "{text}");
+        let (mut names, min) = official_parse(&path)
+            .unwrap_or_else(|e| panic!("official parser refused {}: {e}\n{text}", path.display()));
+        names.sort();
+        assert_eq!(names, ids);
+        assert_eq!(min, "0.3.0");
+        let ours = s.read(UID).unwrap().unwrap();
+        assert_eq!(ours.cdi_version, "0.3.0");
+        assert!(ours.annotations.is_empty());
+        assert_eq!(s.stamp(UID).unwrap(), Some(stamp.clone()));
+        let listed = s.list_stamped().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].stamp.as_ref(), Some(&stamp));
+        let (devices, errors) = official_cache_devices(dir.path());
+        assert_eq!(errors, 0);
+        assert_eq!(devices.len(), 2);
     }
 }

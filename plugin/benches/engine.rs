@@ -110,7 +110,7 @@ fn shared() -> FamilyConfig {
 }
 
 fn open(d: &Dirs, node: Node) -> Engine {
-    let (journal, _) = Checkpoint::open(&d.state.join("checkpoint"), BOOT).unwrap();
+    let journal = Checkpoint::load(&d.state.join("checkpoint"), BOOT).unwrap();
     let store = cdi::SpecStore::open(cdi::StoreConfig {
         dir: d.cdi.clone(),
         vendor: "accel.nri.io".into(),

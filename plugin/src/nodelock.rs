@@ -5,15 +5,17 @@
 //! flock locks belong to an open file description, so every [`NodeLock::lock`]
 //! opens the file afresh: two holders in one process exclude each other exactly
 //! as two processes do, and the kernel releases the lock when its holder dies.
+//! The file is opened through the state dir's handle ([`cdi::Dir`]), never by path.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cdi::Dir;
 use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{Flock, FlockArg, OFlag};
 
 /// Name of the lock file inside the state dir.
 pub const NODE_LOCK_FILE: &str = "node.lock";
@@ -54,10 +56,12 @@ pub enum NodeLockError {
     },
 }
 
-/// The node lock of one state dir. Cheap to keep; taking it is [`NodeLock::lock`].
+/// The node lock of one state dir. Cheap to keep and clone; taking it is [`NodeLock::lock`].
 #[derive(Debug, Clone)]
 pub struct NodeLock {
+    dir: Arc<Dir>,
     path: PathBuf,
+    read_only: bool,
 }
 
 /// Proof that this caller holds the node lock; dropping it releases the lock.
@@ -75,13 +79,53 @@ impl NodeLockGuard {
 }
 
 impl NodeLock {
-    /// Creates (mode 0600) or opens `<state_dir>/node.lock`; takes no lock yet.
+    /// Creates (mode 0600) or opens `<state_dir>/node.lock`; takes no lock yet. The state
+    /// dir must exist and not be a symbolic link.
     pub fn open(state_dir: &Path) -> Result<NodeLock, NodeLockError> {
-        let lock = NodeLock {
+        let dir = Dir::open(state_dir).map_err(|e| NodeLockError::Open {
             path: state_dir.join(NODE_LOCK_FILE),
+            source: e.into_io(),
+        })?;
+        Self::open_in(Arc::new(dir))
+    }
+
+    /// [`NodeLock::open`] in an opened state dir.
+    pub fn open_in(dir: Arc<Dir>) -> Result<NodeLock, NodeLockError> {
+        let lock = NodeLock {
+            path: dir.display(NODE_LOCK_FILE),
+            dir,
+            read_only: false,
         };
         lock.open_file()?;
         Ok(lock)
+    }
+
+    /// The node lock of `state_dir` for a read-only caller: creates nothing. `Ok(None)` when
+    /// the state dir or the lock file does not exist (then no daemon has ever run there).
+    pub fn open_existing(state_dir: &Path) -> Result<Option<NodeLock>, NodeLockError> {
+        let dir = match Dir::open(state_dir) {
+            Ok(d) => d,
+            Err(cdi::DirError::Missing { .. }) => return Ok(None),
+            Err(e) => {
+                return Err(NodeLockError::Open {
+                    path: state_dir.join(NODE_LOCK_FILE),
+                    source: e.into_io(),
+                });
+            }
+        };
+        let lock = NodeLock {
+            path: dir.display(NODE_LOCK_FILE),
+            dir: Arc::new(dir),
+            read_only: true,
+        };
+        match lock.dir.stat(NODE_LOCK_FILE) {
+            Ok(Some(_)) => Ok(Some(lock)),
+            Ok(None) => Ok(None),
+            Err(source) => Err(NodeLockError::Open {
+                path: lock.path,
+                source,
+            }),
+        }
     }
 
     /// The lock file.
@@ -90,13 +134,13 @@ impl NodeLock {
     }
 
     fn open_file(&self) -> Result<File, NodeLockError> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&self.path)
+        let flags = if self.read_only {
+            OFlag::O_RDONLY
+        } else {
+            OFlag::O_RDWR | OFlag::O_CREAT
+        };
+        self.dir
+            .open_file(NODE_LOCK_FILE, flags, 0o600)
             .map_err(|source| NodeLockError::Open {
                 path: self.path.clone(),
                 source,

@@ -3,9 +3,12 @@
 //! The daemon refuses to start when the NRI socket is missing or is not a socket, or when the state
 //! dir, the CDI spec dir or the claims socket dir cannot be written. Each problem is one sentence
 //! that names the path and says what to do; all problems are reported at once so an operator fixes
-//! them in one round. Missing directories are created (one level, with the mode the packaging's
-//! tmpfiles.d entry uses) when their parent exists; a missing parent means a wrong path in the
-//! config or a broken host, and is refused rather than papered over with `mkdir -p`.
+//! them in one round. The state dir and the CDI spec dir must not be symbolic links (nri-accel
+//! writes and removes files only in the real directory it opened; a link higher up the path, like
+//! `/var/run -> /run`, is fine). Missing directories are created (one level, with the mode the
+//! packaging's tmpfiles.d entry uses) when their parent exists, and only once every check passed:
+//! a refused start creates nothing. A missing parent means a wrong path in the config or a broken
+//! host, and is refused rather than papered over with `mkdir -p`.
 //!
 //! Every path is a parameter, so tests run the real checks on temp dirs.
 
@@ -159,6 +162,18 @@ pub enum PreflightError {
         /// The error from creating a probe file.
         source: io::Error,
     },
+    /// The directory is a symbolic link.
+    #[error(
+        "{role} {path} is a symbolic link{target}: nri-accel writes and removes files only in a real directory, so that nothing outside it is ever touched; point the config at the directory itself"
+    )]
+    Symlink {
+        /// Which directory.
+        role: DirRole,
+        /// The path.
+        path: PathBuf,
+        /// ` (to <target>)` when the link could be read.
+        target: String,
+    },
     /// The directory could not be inspected.
     #[error("cannot inspect {role} {path}: {source}; check the path and its parent directories")]
     Stat {
@@ -201,7 +216,7 @@ pub struct PreflightReport {
     pub created: Vec<PathBuf>,
 }
 
-/// Run every check; `Ok` only when all pass.
+/// Run every check; `Ok` only when all pass. Nothing is created unless every check passed.
 pub fn run(paths: &PreflightPaths) -> Result<PreflightReport, PreflightFailed> {
     let mut problems = Vec::new();
     let mut report = PreflightReport::default();
@@ -210,11 +225,23 @@ pub fn run(paths: &PreflightPaths) -> Result<PreflightReport, PreflightFailed> {
     {
         problems.push(e);
     }
-    for (role, dir) in [
+    let dirs = [
         (DirRole::State, &paths.state_dir),
         (DirRole::Cdi, &paths.cdi_dir),
         (DirRole::ClaimsSocket, &paths.claims_socket_dir),
-    ] {
+    ];
+    let mut missing = Vec::new();
+    for (role, dir) in dirs {
+        match inspect_dir(role, dir) {
+            Ok(true) => {}
+            Ok(false) => missing.push((role, dir)),
+            Err(e) => problems.push(e),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(PreflightFailed { problems });
+    }
+    for (role, dir) in missing {
         match ensure_writable_dir(role, dir) {
             Ok(true) => report.created.push(dir.clone()),
             Ok(false) => {}
@@ -225,6 +252,56 @@ pub fn run(paths: &PreflightPaths) -> Result<PreflightReport, PreflightFailed> {
         Ok(report)
     } else {
         Err(PreflightFailed { problems })
+    }
+}
+
+/// Checks `dir` without creating anything: `Ok(true)` when it is a writable directory,
+/// `Ok(false)` when it is missing but can be created (its parent is a writable directory).
+fn inspect_dir(role: DirRole, dir: &Path) -> Result<bool, PreflightError> {
+    let linked = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m.file_type().is_symlink(),
+        Err(_) => false,
+    };
+    if linked && role != DirRole::ClaimsSocket {
+        let target = std::fs::read_link(dir)
+            .map(|t| format!(" (to {})", t.display()))
+            .unwrap_or_default();
+        return Err(PreflightError::Symlink {
+            role,
+            path: dir.to_owned(),
+            target,
+        });
+    }
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => ensure_writable_dir(role, dir).map(|_| true),
+        Ok(_) => Err(PreflightError::NotADirectory {
+            role,
+            path: dir.to_owned(),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let Some(parent) = dir.parent().filter(|p| p.is_dir()) else {
+                return Err(PreflightError::ParentMissing {
+                    role,
+                    path: dir.to_owned(),
+                });
+            };
+            nix::unistd::access(
+                parent,
+                nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+            )
+            .map_err(|e| PreflightError::Create {
+                role,
+                path: dir.to_owned(),
+                mode: role.create_mode(),
+                source: io::Error::from_raw_os_error(e as i32),
+            })?;
+            Ok(false)
+        }
+        Err(source) => Err(PreflightError::Stat {
+            role,
+            path: dir.to_owned(),
+            source,
+        }),
     }
 }
 

@@ -185,8 +185,8 @@ fn mixed_agent(d: &Dirs) -> Agent {
         },
     ];
     let node = policies::Node::new(inventory(4), &pools, &Registry::with_builtins()).unwrap();
-    let (journal, _) =
-        nri_accel::checkpoint::Checkpoint::open(&d.state.join("checkpoint"), BOOT).unwrap();
+    let journal =
+        nri_accel::checkpoint::Checkpoint::load(&d.state.join("checkpoint"), BOOT).unwrap();
     let (engine, _) = nri_accel::engine::Engine::start(node, journal, store(d), None).unwrap();
     Agent::new(
         Arc::new(engine),

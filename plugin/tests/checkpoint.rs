@@ -415,3 +415,112 @@ fn invalid_boot_id_is_refused() {
         );
     }
 }
+
+#[test]
+fn commits_are_numbered_across_compactions_and_records_keep_their_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cp, _) = open_with(tmp.path(), 1);
+    let mut last = 0;
+    for i in 0..20 {
+        let seq = cp
+            .commit(vec![Change::PutRecord(format!("claim-{i}"), rec(i))])
+            .unwrap();
+        assert_eq!(seq, last + 1);
+        last = seq;
+    }
+    assert_eq!(cp.high_water(), 20);
+    assert_eq!(cp.record_seq("claim-4"), Some(5));
+    drop(cp);
+    // A reopen (snapshot + log) and a reboot keep the numbering.
+    let (cp, _) = open(tmp.path());
+    assert_eq!((cp.high_water(), cp.record_seq("claim-4")), (20, Some(5)));
+    drop(cp);
+    let (cp, report) = Cp::open(tmp.path(), "another-boot").unwrap();
+    assert_eq!(report.dropped_records, 20);
+    assert_eq!(cp.high_water(), 20);
+    assert_eq!(
+        cp.commit(vec![Change::DeleteRecord("x".into())]).unwrap(),
+        21
+    );
+}
+
+#[test]
+fn a_missing_commit_in_the_middle_of_the_log_is_corruption() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cp, _) = open(tmp.path());
+    fill(&cp, 4);
+    drop(cp);
+    // Cut the second entry out: the log's numbering has a hole.
+    let wal = tmp.path().join(WAL_FILE);
+    let bytes = fs::read(&wal).unwrap();
+    let header = 8 + 4 + 8 + 1 + bytes[20] as usize + 4;
+    let entry = |at: usize| 12 + u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let second = header + entry(header);
+    let third = second + entry(second);
+    let mut holed = bytes[..second].to_vec();
+    holed.extend_from_slice(&bytes[third..]);
+    fs::write(&wal, &holed).unwrap();
+    let err = Cp::open(tmp.path(), BOOT).unwrap_err();
+    assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
+    assert!(
+        err.to_string().contains("commit 3 where commit 2 belongs"),
+        "{err}"
+    );
+    assert_eq!(fs::read(&wal).unwrap(), holed, "nothing changed");
+}
+
+#[test]
+fn version_1_files_are_read_and_rewritten_in_the_current_version() {
+    // A version 1 checkpoint as the previous release wrote it: no commit numbers.
+    let tmp = tempfile::tempdir().unwrap();
+    let header = |magic: &[u8; 8]| {
+        let mut out = magic.to_vec();
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&3u64.to_le_bytes());
+        out.push(BOOT.len() as u8);
+        out.extend_from_slice(BOOT.as_bytes());
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    };
+    let entry = |payload: &str, out: &mut Vec<u8>| {
+        let len = (payload.len() as u32).to_le_bytes();
+        out.extend_from_slice(&len);
+        out.extend_from_slice(&crc32fast::hash(&len).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(payload.as_bytes()).to_le_bytes());
+        out.extend_from_slice(payload.as_bytes());
+    };
+    let mut snap = header(b"NRIACSNP");
+    entry(
+        r#"{"Record":["claim-a",{"devices":["gpu0"],"units":1}]}"#,
+        &mut snap,
+    );
+    entry(r#"{"End":{"records":1,"pending":0}}"#, &mut snap);
+    let mut wal = header(b"NRIACWAL");
+    entry(
+        r#"[{"PutRecord":["claim-b",{"devices":["gpu1"],"units":2}]}]"#,
+        &mut wal,
+    );
+    fs::write(tmp.path().join(SNAPSHOT_FILE), &snap).unwrap();
+    fs::write(tmp.path().join(WAL_FILE), &wal).unwrap();
+    let (cp, report) = open(tmp.path());
+    assert_eq!(report.upgraded_from, Some(1));
+    assert_eq!(cp.record_count(), 2);
+    assert_eq!(cp.high_water(), 1);
+    assert_eq!(
+        cp.commit(vec![Change::DeleteRecord("claim-a".into())])
+            .unwrap(),
+        2
+    );
+    drop(cp);
+    let version = u32::from_le_bytes(
+        fs::read(tmp.path().join(WAL_FILE)).unwrap()[8..12]
+            .try_into()
+            .unwrap(),
+    );
+    assert_eq!(version, nri_accel::checkpoint::FORMAT_VERSION);
+    let (cp, report) = open(tmp.path());
+    assert_eq!(report.upgraded_from, None);
+    let held: Vec<String> = cp.records().into_keys().collect();
+    assert_eq!(held, vec!["claim-b"]);
+}

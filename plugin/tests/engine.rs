@@ -132,7 +132,8 @@ async fn concurrent_prepares_of_one_device_never_both_win() {
 async fn a_failed_spec_write_rolls_the_claim_back() {
     let d = dirs();
     let engine = open(&d);
-    // The CDI dir turns into a file: the spec cannot be written (even as root).
+    // The opened CDI dir is removed (a file takes its path): the spec cannot be written
+    // (even as root), and the engine keeps to the directory it opened.
     std::fs::remove_dir_all(&d.cdi).unwrap();
     std::fs::write(&d.cdi, b"not a dir").unwrap();
     let err = engine
@@ -141,9 +142,12 @@ async fn a_failed_spec_write_rolls_the_claim_back() {
         .unwrap_err();
     assert!(matches!(err, EngineError::Spec { .. }), "{err}");
     assert!(engine.claims().is_empty(), "rolled back in memory");
+    drop(engine);
+    assert!(record_uids(&d.state).is_empty(), "rolled back on disk");
     std::fs::remove_file(&d.cdi).unwrap();
     std::fs::create_dir(&d.cdi).unwrap();
     // The device is free again and a retry completes.
+    let engine = open(&d);
     engine.prepare(claim_for("uid-b", "gpu0")).await.unwrap();
     drop(engine);
     assert_eq!(record_uids(&d.state), vec!["uid-b"]);
@@ -159,12 +163,17 @@ async fn startup_rolls_back_half_prepared_and_removes_orphans() {
         engine.prepare(claim_for("orphan", "gpu2")).await.unwrap();
         engine.unprepare("orphan").await.unwrap();
     }
-    // Make "half" lose its spec and "orphan" regain one.
+    // Make "half" lose its spec and "orphan" regain one (stamped with a commit the
+    // checkpoint holds: its release is proven).
     let store = store(&d);
     store.remove("half").unwrap();
     store
-        .write(
+        .write_stamped(
             "orphan",
+            &cdi::Stamp {
+                seq: 1,
+                boot_id: BOOT.into(),
+            },
             &[cdi::DeviceEdits {
                 env: vec![("A".into(), "1".into())],
                 ..Default::default()

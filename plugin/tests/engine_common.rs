@@ -83,7 +83,7 @@ pub fn open_with(
     cpus_per_device: u32,
     hook: Option<CrashHook>,
 ) -> Result<(Engine, StartupReport), nri_accel::engine::EngineError> {
-    let (journal, _report) = Checkpoint::open(&d.state.join("checkpoint"), BOOT).unwrap();
+    let journal = Checkpoint::load(&d.state.join("checkpoint"), BOOT).unwrap();
     Engine::start(node(devices, cpus_per_device), journal, store(d), hook)
 }
 

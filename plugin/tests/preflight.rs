@@ -195,3 +195,46 @@ fn read_only_dir_is_refused_and_no_capability_is_needed() {
     assert!(err.to_string().contains("ReadWritePaths"), "{err}");
     println!("CHILD-OK");
 }
+
+#[test]
+fn a_refused_start_creates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = PreflightPaths {
+        nri_socket: Some(tmp.path().join("missing.sock")),
+        state_dir: tmp.path().join("state"),
+        cdi_dir: tmp.path().join("cdi"),
+        claims_socket_dir: tmp.path().join("run"),
+    };
+    let failed = run(&paths).unwrap_err();
+    assert_eq!(failed.problems.len(), 1, "{failed}");
+    assert!(matches!(
+        failed.problems[0],
+        PreflightError::NriSocketMissing { .. }
+    ));
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "a refused start created {left:?}");
+}
+
+#[test]
+fn a_state_or_cdi_dir_that_is_a_symlink_is_refused_and_a_link_above_is_fine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let real = tmp.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, tmp.path().join("state")).unwrap();
+    std::os::unix::fs::symlink(tmp.path(), tmp.path().join("up")).unwrap();
+    let paths = PreflightPaths {
+        nri_socket: None,
+        state_dir: tmp.path().join("state"),
+        cdi_dir: tmp.path().join("up").join("cdi"),
+        claims_socket_dir: tmp.path().join("run"),
+    };
+    let failed = run(&paths).unwrap_err();
+    assert_eq!(failed.problems.len(), 1, "{failed}");
+    let msg = failed.problems[0].to_string();
+    assert!(
+        msg.contains("state dir") && msg.contains("symbolic link"),
+        "{msg}"
+    );
+    assert!(msg.contains(&real.display().to_string()), "{msg}");
+    assert!(!tmp.path().join("cdi").exists(), "nothing created");
+}

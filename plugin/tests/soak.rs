@@ -159,6 +159,8 @@ fn pod_and_container(uid: &str, cdi: &[String]) -> (PodSandbox, Container) {
 
 struct Held {
     uid: String,
+    spec: ClaimSpec,
+    cdi: Vec<String>,
     container: Option<(PodSandbox, Container)>,
 }
 
@@ -222,6 +224,7 @@ async fn client(sh: Arc<Shared>, id: u64, seed: u64) -> BTreeSet<String> {
             let uid = format!("soak-{id}-{n}");
             n += 1;
             let spec = claim_spec(&uid, &mut rng);
+            let asked = spec.clone();
             match c.prepare(vec![spec]).await {
                 Ok(r) => match r.get(&uid) {
                     Some(Ok(devices)) => {
@@ -232,6 +235,8 @@ async fn client(sh: Arc<Shared>, id: u64, seed: u64) -> BTreeSet<String> {
                             .collect();
                         let mut h = Held {
                             uid: uid.clone(),
+                            spec: asked.clone(),
+                            cdi: cdi.clone(),
                             container: None,
                         };
                         if rng.chance(50) {
@@ -257,6 +262,45 @@ async fn client(sh: Arc<Shared>, id: u64, seed: u64) -> BTreeSet<String> {
                     st.transport_errors.fetch_add(1, Ordering::Relaxed);
                     cleanup.push(uid);
                     conn = None;
+                }
+            }
+        } else if rng.chance(10) {
+            // Prepare a held claim again: the same ask answers the same grant, another ask is
+            // refused naming the claim, and neither changes what it holds.
+            let h = &held[rng.below(held.len() as u64) as usize];
+            let mut other = h.spec.clone();
+            if let ClaimAsk::Count(asks) = &mut other.ask {
+                asks[0].count += 1;
+            }
+            for (spec, same) in [(h.spec.clone(), true), (other, false)] {
+                match c.prepare(vec![spec]).await {
+                    Ok(r) => match (r.get(&h.uid), same) {
+                        (Some(Ok(devices)), true) => {
+                            let cdi: Vec<String> = devices
+                                .iter()
+                                .flat_map(|d| d.cdi_device_ids.iter().cloned())
+                                .collect();
+                            if cdi != h.cdi {
+                                sh.violation(format!(
+                                    "claim {} prepared again answered {cdi:?}, first {:?}",
+                                    h.uid, h.cdi
+                                ));
+                            }
+                        }
+                        (Some(Err(e)), false) if e.contains(&h.uid) => {}
+                        (Some(Err(e)), true) if e.contains("gate") => {}
+                        (other, _) => sh.violation(format!(
+                            "claim {} prepared again ({}): {other:?}",
+                            h.uid,
+                            if same { "same ask" } else { "another ask" }
+                        )),
+                    },
+                    Err(e) if e.is_unavailable() => {}
+                    Err(_) => {
+                        st.transport_errors.fetch_add(1, Ordering::Relaxed);
+                        conn = None;
+                        break;
+                    }
                 }
             }
         } else {
@@ -514,20 +558,37 @@ fn status_claims(doc: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-/// Records in the checkpoint and specs in the CDI dir, read while no daemon runs.
-fn on_disk(cfg: &Config) -> (BTreeSet<String>, BTreeSet<String>) {
+/// Records in the checkpoint and specs in the CDI dir, read (read-only) while no daemon runs,
+/// and the problems with the specs' commit stamps: every spec carries the stamp of this boot's
+/// commit that created its claim's record, within the checkpoint's history.
+fn on_disk(cfg: &Config) -> (BTreeSet<String>, BTreeSet<String>, Vec<String>) {
     use nri_accel::bootid::BootId;
     let boot = nri_accel::bootid::ProcBootId::new().boot_id().unwrap();
-    let (journal, _) = nri_accel::checkpoint::Checkpoint::<
+    let loaded = nri_accel::checkpoint::Checkpoint::<
         nri_accel::engine::ClaimRecord,
         nri_accel::engine::PendingUpdate,
-    >::open(&nri_accel::daemon::run::checkpoint_dir(cfg), &boot)
+    >::load(&nri_accel::daemon::run::checkpoint_dir(cfg), &boot)
     .unwrap();
-    let records = journal.records().keys().cloned().collect();
-    drop(journal);
-    let store = cdi::SpecStore::open(nri_accel::daemon::run::store_config(&cfg.cdi)).unwrap();
-    let specs = store.list().unwrap().into_iter().collect();
-    (records, specs)
+    let records: BTreeMap<String, u64> = loaded
+        .records()
+        .map(|(uid, seq, _)| (uid.clone(), seq))
+        .collect();
+    let history = loaded.history().clone();
+    let store =
+        cdi::SpecStore::open_read_only(nri_accel::daemon::run::store_config(&cfg.cdi)).unwrap();
+    let listed = store.list_stamped().unwrap();
+    let mut problems = Vec::new();
+    for l in &listed {
+        match (&l.stamp, records.get(&l.uid)) {
+            (Some(s), Some(seq)) if s.boot_id == boot && s.seq == *seq && history.covers(&s.boot_id, s.seq) => {}
+            (stamp, record) => problems.push(format!(
+                "spec {} has stamp {stamp:?}, its record commit {record:?}, the checkpoint ends at {}",
+                l.file, history.seq
+            )),
+        }
+    }
+    let specs = listed.into_iter().map(|l| l.uid).collect();
+    (records.into_keys().collect(), specs, problems)
 }
 
 fn diff(a: &BTreeSet<String>, b: &BTreeSet<String>) -> Vec<String> {
@@ -634,7 +695,10 @@ async fn run(secs: u64, seed: u64, dir: &Path) {
     if !d.stop().is_some_and(|s| s.success()) {
         sh.violation("the daemon did not stop cleanly on SIGTERM".into());
     }
-    let (records, specs) = on_disk(&sh.cfg);
+    let (records, specs, stamps) = on_disk(&sh.cfg);
+    for p in stamps.into_iter().take(10) {
+        sh.violation(p);
+    }
     if records != specs || records != held {
         sh.violation(format!(
             "on disk: {} records, {} specs, {} held; records without spec {:?}, specs without record {:?}, held without record {:?}",
@@ -665,13 +729,18 @@ async fn run(secs: u64, seed: u64, dir: &Path) {
     drop(c);
     let d = sh.daemon.lock().unwrap().take().unwrap();
     d.stop();
-    let (records, specs) = on_disk(&sh.cfg);
+    let (records, specs, _) = on_disk(&sh.cfg);
     if !records.is_empty() || !specs.is_empty() {
         sh.violation(format!(
             "after unpreparing all: records {records:?}, specs {specs:?}"
         ));
     }
     sh.fake.stop().await;
+    // No start was refused: nothing the daemon acknowledged was lost by the checkpoint.
+    let log = std::fs::read_to_string(&sh.log).unwrap_or_default();
+    if log.contains("refusing to start") {
+        sh.violation("a start was refused (a spec proved a commit the checkpoint lost)".into());
+    }
 
     let samples = samples.lock().unwrap().clone();
     let rss: Vec<u64> = samples.iter().map(|s| s.1).collect();

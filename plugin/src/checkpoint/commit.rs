@@ -1,27 +1,46 @@
 //! Commits (group commit: one leader writes and syncs every queued commit)
 //! and compaction of the log into a new snapshot.
 
-use std::fs;
 use std::os::unix::fs::FileExt;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
-use std::path::Path;
 use std::sync::{Arc, PoisonError};
 
+use cdi::Dir;
 use serde::Serialize;
 
 use super::error::CheckpointError;
-use super::files::{sync_dir, write_synced};
+use super::files::write_synced;
 use super::format::{Header, MAX_ENTRY_BYTES, SNAPSHOT_MAGIC, WAL_MAGIC, encode_entry, framed_len};
 use super::{
-    BatchError, Change, Checkpoint, CheckpointStep, Payload, Queued, State, TEMP_SUFFIX, Wal, lock,
+    BatchError, Change, Checkpoint, CheckpointStep, Payload, Queued, SNAPSHOT_FILE, State,
+    TEMP_SUFFIX, Ticket, WAL_FILE, Wal, lock,
 };
 
-/// An entry of the snapshot file, as written (borrowing the state).
+/// An entry of the snapshot file, as written (borrowing the state): each record with the
+/// sequence of the commit that put it, and the end marker with the last sequence folded in.
 #[derive(Serialize)]
 pub(super) enum SnapshotEntryRef<'a, R, U> {
-    Record(&'a str, &'a R),
+    Record(&'a str, u64, &'a R),
     Pending(&'a str, &'a U),
-    End { records: u64, pending: u64 },
+    End {
+        records: u64,
+        pending: u64,
+        seq: u64,
+    },
+}
+
+/// Bytes a log entry's payload adds around the changes: `{"seq":<u64>,"changes":` and `}`.
+const ENTRY_WRAP: usize = 40;
+
+/// The payload of the log entry of commit `seq` with the changes `json`.
+fn entry_payload(seq: u64, json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len() + ENTRY_WRAP);
+    out.extend_from_slice(b"{\"seq\":");
+    out.extend_from_slice(seq.to_string().as_bytes());
+    out.extend_from_slice(b",\"changes\":");
+    out.extend_from_slice(json);
+    out.push(b'}');
+    out
 }
 
 /// Encodes the whole state as a snapshot file of `header`.
@@ -41,8 +60,8 @@ pub(super) fn encode_snapshot<R: Serialize, U: Serialize>(
         encode_entry(&payload, &mut out);
         Ok(())
     };
-    for (uid, record) in &state.records {
-        put(SnapshotEntryRef::Record(uid, record))?;
+    for (uid, (seq, record)) in &state.records {
+        put(SnapshotEntryRef::Record(uid, *seq, record))?;
     }
     for (id, update) in &state.pending {
         put(SnapshotEntryRef::Pending(id, update))?;
@@ -50,14 +69,14 @@ pub(super) fn encode_snapshot<R: Serialize, U: Serialize>(
     put(SnapshotEntryRef::End {
         records: state.records.len() as u64,
         pending: state.pending.len() as u64,
+        seq: state.seq,
     })?;
     Ok(out)
 }
 
-pub(super) fn temp_path(path: &Path) -> std::path::PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(TEMP_SUFFIX);
-    name.into()
+/// The temp name of a checkpoint file.
+pub(super) fn temp_name(name: &str) -> String {
+    format!("{name}{TEMP_SUFFIX}")
 }
 
 /// A compaction failure: `fatal` when the files on disk no longer match the
@@ -70,21 +89,40 @@ pub(super) struct CompactError {
 impl<R: Payload, U: Payload> Checkpoint<R, U> {
     /// Saves `changes` durably and applies them to the state; when it returns
     /// `Ok` they survive a crash. Thread-safe: concurrent callers are batched
-    /// into one write and one fdatasync by whichever of them leads.
-    pub fn commit(&self, changes: Vec<Change<R, U>>) -> Result<(), CheckpointError> {
-        if changes.is_empty() {
-            return Ok(());
+    /// into one write and one fdatasync by whichever of them leads. Answers the
+    /// commit's sequence number (an empty commit writes nothing and answers the
+    /// current high-water mark).
+    pub fn commit(&self, changes: Vec<Change<R, U>>) -> Result<u64, CheckpointError> {
+        match self.enqueue(changes, false)? {
+            Some(ticket) => self.wait(ticket),
+            None => Ok(self.high_water()),
         }
-        let payload = serde_json::to_vec(&changes).map_err(CheckpointError::Encode)?;
-        if payload.len() > MAX_ENTRY_BYTES {
+    }
+
+    /// Queues `changes` as the next commit without waiting for it: commits are
+    /// written in the order they were queued, so a caller that queues while it
+    /// holds its own lock orders its commit before any that others queue after
+    /// it. [`Checkpoint::wait`] makes it durable. `None` for no changes.
+    ///
+    /// A `critical` commit is one later commits depend on (a release, whose units
+    /// others may take once it is queued): if it fails, the checkpoint refuses
+    /// every later commit until it is opened again, so nothing queued after it
+    /// can become durable without it.
+    pub fn enqueue(
+        &self,
+        changes: Vec<Change<R, U>>,
+        critical: bool,
+    ) -> Result<Option<Ticket>, CheckpointError> {
+        if changes.is_empty() {
+            return Ok(None);
+        }
+        let json = serde_json::to_vec(&changes).map_err(CheckpointError::Encode)?;
+        if json.len() + ENTRY_WRAP > MAX_ENTRY_BYTES {
             return Err(CheckpointError::EntryTooLarge {
-                size: payload.len(),
+                size: json.len() + ENTRY_WRAP,
                 max: MAX_ENTRY_BYTES,
             });
         }
-        let mut frame = Vec::with_capacity(framed_len(payload.len()));
-        encode_entry(&payload, &mut frame);
-
         let mut queue = lock(&self.queue);
         if let Some(cause) = &queue.poisoned {
             return Err(self.poisoned(cause.clone()));
@@ -93,9 +131,18 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
         queue.next_ticket += 1;
         queue.waiting.push(Queued {
             ticket,
-            frame,
+            json,
             changes,
+            critical,
         });
+        Ok(Some(Ticket(ticket)))
+    }
+
+    /// Waits until the queued commit `ticket` is durable (leading a batch when no
+    /// one else does) and answers its sequence number, or why it is not durable.
+    pub fn wait(&self, ticket: Ticket) -> Result<u64, CheckpointError> {
+        let ticket = ticket.0;
+        let mut queue = lock(&self.queue);
         loop {
             if let Some(result) = queue.results.remove(&ticket) {
                 return result.map_err(|e| self.batch_error(e));
@@ -137,15 +184,29 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
             if let Some(cause) = poison {
                 queue.poisoned.get_or_insert(cause);
             }
-            if result.is_ok() {
-                queue.stats.batches += 1;
-                queue.stats.commits += tickets.len() as u64;
-            }
-            for t in tickets {
-                queue.results.insert(t, result.clone());
+            match result {
+                Ok(seqs) => {
+                    queue.stats.batches += 1;
+                    queue.stats.commits += tickets.len() as u64;
+                    for (t, seq) in tickets.into_iter().zip(seqs) {
+                        queue.results.insert(t, Ok(seq));
+                    }
+                }
+                Err(e) => {
+                    for t in tickets {
+                        queue.results.insert(t, Err(e.clone()));
+                    }
+                }
             }
             self.written.notify_all();
         }
+    }
+
+    /// Makes the checkpoint refuse every later commit until it is opened again; for a caller
+    /// whose memory went ahead of what is durable (see [`Checkpoint::enqueue`]).
+    pub fn poison(&self, cause: String) {
+        let mut queue = lock(&self.queue);
+        queue.poisoned.get_or_insert(cause);
     }
 
     /// Writes the log now into a new snapshot (normally done by commits once
@@ -193,24 +254,48 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
         }
     }
 
-    /// Appends and syncs a batch, applies it, and compacts when due. Returns
-    /// the batch result and, separately, a reason to refuse later commits.
-    fn write_batch(&self, batch: Vec<Queued<R, U>>) -> (Result<(), BatchError>, Option<String>) {
+    /// Numbers, appends and syncs a batch, applies it, and compacts when due.
+    /// Returns the sequence number of each commit (or the batch failure) and,
+    /// separately, a reason to refuse later commits. A failed batch uses up no
+    /// sequence number: nothing of it is durable.
+    #[allow(clippy::type_complexity)]
+    fn write_batch(
+        &self,
+        batch: Vec<Queued<R, U>>,
+    ) -> (Result<Vec<u64>, BatchError>, Option<String>) {
         let mut wal = lock(&self.wal);
         let at = wal.len;
-        let mut bytes = Vec::with_capacity(batch.iter().map(|q| q.frame.len()).sum());
-        for queued in &batch {
-            bytes.extend_from_slice(&queued.frame);
+        let first = wal.last_seq + 1;
+        let seqs: Vec<u64> = (first..first + batch.len() as u64).collect();
+        let mut bytes = Vec::with_capacity(
+            batch
+                .iter()
+                .map(|q| framed_len(q.json.len() + ENTRY_WRAP))
+                .sum(),
+        );
+        for (queued, seq) in batch.iter().zip(&seqs) {
+            encode_entry(&entry_payload(*seq, &queued.json), &mut bytes);
         }
-        if let Err(e) = wal.file.write_all_at(&bytes, at) {
+        let critical = batch.iter().any(|q| q.critical);
+        let injected = lock(&self.fault).as_ref().and_then(|f| f());
+        let written = match injected {
+            Some(e) => Err(e),
+            None => wal.file.write_all_at(&bytes, at),
+        };
+        if let Err(e) = written {
             // Cut off what may have been written, or refuse further appends
             // (they would follow garbage and read back as corruption).
-            let poison = wal.file.set_len(at).err().map(|cut| {
-                format!(
+            let poison = match wal.file.set_len(at) {
+                Err(cut) => Some(format!(
                     "appending to {} failed ({e}) and cutting it back failed ({cut})",
                     self.wal_path.display()
-                )
-            });
+                )),
+                Ok(()) if critical => Some(format!(
+                    "a release could not be committed to {} ({e}); later commits could depend on it",
+                    self.wal_path.display()
+                )),
+                Ok(()) => None,
+            };
             let err = BatchError::Io {
                 op: "appending to",
                 source: Arc::new(e),
@@ -219,6 +304,7 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
         }
         self.step(CheckpointStep::WalAppended);
         if let Err(e) = wal.file.sync_data() {
+            // (Every batch is critical here: the checkpoint refuses commits from now on.)
             // After a failed fsync the page cache cannot be trusted.
             let cause = format!("syncing {} failed: {e}", self.wal_path.display());
             let err = BatchError::Io {
@@ -228,12 +314,13 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
             return (Err(err), Some(cause));
         }
         wal.len = at + bytes.len() as u64;
+        wal.last_seq = first + batch.len() as u64 - 1;
         self.step(CheckpointStep::WalSynced);
         {
             let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
-            for queued in batch {
+            for (queued, seq) in batch.into_iter().zip(&seqs) {
                 for change in queued.changes {
-                    state.apply(change);
+                    state.apply(change, *seq);
                 }
             }
         }
@@ -241,10 +328,10 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
         if due && let Err(e) = self.compact_locked(&mut wal) {
             tracing::error!(dir = %self.dir.display(), error = %e.message, "checkpoint compaction failed");
             if e.fatal {
-                return (Ok(()), Some(e.message));
+                return (Ok(seqs), Some(e.message));
             }
         }
-        (Ok(()), None)
+        (Ok(seqs), None)
     }
 
     /// Folds the state into a snapshot of the next generation with an empty
@@ -252,13 +339,12 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
     fn compact_locked(&self, wal: &mut Wal) -> Result<(), CompactError> {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         let new = install_generation(
-            &self.dir,
-            &self.snapshot_path,
-            &self.wal_path,
+            &self.handle,
             &state,
             &Header {
                 generation: wal.generation + 1,
                 boot_id: self.boot_id.clone(),
+                version: super::FORMAT_VERSION,
             },
             &|step| self.step(step),
         )?;
@@ -289,11 +375,10 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
 /// Writes `state` as the snapshot of `header`'s generation with an empty log of
 /// the same generation, and returns that log opened. A crash at any point leaves
 /// either the old snapshot with the old log, or the new snapshot with either log
-/// (an old log is then recognised as stale by its generation).
+/// (an old log is then recognised as stale by its generation). Every file
+/// operation goes through the directory handle `dir`.
 pub(super) fn install_generation<R: Serialize, U: Serialize>(
-    dir: &Path,
-    snapshot_path: &Path,
-    wal_path: &Path,
+    dir: &Dir,
     state: &State<R, U>,
     header: &Header,
     step: &dyn Fn(CheckpointStep),
@@ -303,32 +388,33 @@ pub(super) fn install_generation<R: Serialize, U: Serialize>(
         message,
     };
     let snapshot = encode_snapshot(state, header).map_err(soft)?;
-    let snap_tmp = temp_path(snapshot_path);
-    let wal_tmp = temp_path(wal_path);
+    let snap_tmp = temp_name(SNAPSHOT_FILE);
+    let wal_tmp = temp_name(WAL_FILE);
+    let shown = |name: &str| dir.display(name).display().to_string();
     let cleanup = || {
-        let _ = fs::remove_file(&snap_tmp);
-        let _ = fs::remove_file(&wal_tmp);
+        let _ = dir.unlink(&snap_tmp);
+        let _ = dir.unlink(&wal_tmp);
     };
-    if let Err(e) = write_synced(&snap_tmp, &snapshot) {
+    if let Err(e) = write_synced(dir, &snap_tmp, &snapshot) {
         cleanup();
-        return Err(soft(format!("writing {}: {e}", snap_tmp.display())));
+        return Err(soft(format!("writing {}: {e}", shown(&snap_tmp))));
     }
     step(CheckpointStep::SnapshotWritten);
     let new_header = header.encode(&WAL_MAGIC);
-    let new_file = match write_synced(&wal_tmp, &new_header) {
+    let new_file = match write_synced(dir, &wal_tmp, &new_header) {
         Ok(file) => file,
         Err(e) => {
             cleanup();
-            return Err(soft(format!("writing {}: {e}", wal_tmp.display())));
+            return Err(soft(format!("writing {}: {e}", shown(&wal_tmp))));
         }
     };
     step(CheckpointStep::NewWalWritten);
-    if let Err(e) = fs::rename(&snap_tmp, snapshot_path) {
+    if let Err(e) = dir.rename(&snap_tmp, SNAPSHOT_FILE) {
         cleanup();
         return Err(soft(format!(
             "renaming {} to {}: {e}",
-            snap_tmp.display(),
-            snapshot_path.display()
+            shown(&snap_tmp),
+            shown(SNAPSHOT_FILE)
         )));
     }
     step(CheckpointStep::SnapshotRenamed);
@@ -338,22 +424,26 @@ pub(super) fn install_generation<R: Serialize, U: Serialize>(
         fatal: true,
         message,
     };
-    sync_dir(dir).map_err(|e| fatal(format!("syncing {}: {e}", dir.display())))?;
-    fs::rename(&wal_tmp, wal_path).map_err(|e| {
+    let path = dir.path().display().to_string();
+    dir.sync()
+        .map_err(|e| fatal(format!("syncing {path}: {e}")))?;
+    dir.rename(&wal_tmp, WAL_FILE).map_err(|e| {
         fatal(format!(
             "renaming {} to {}: {e}",
-            wal_tmp.display(),
-            wal_path.display()
+            shown(&wal_tmp),
+            shown(WAL_FILE)
         ))
     })?;
     step(CheckpointStep::WalRenamed);
-    sync_dir(dir).map_err(|e| fatal(format!("syncing {}: {e}", dir.display())))?;
+    dir.sync()
+        .map_err(|e| fatal(format!("syncing {path}: {e}")))?;
     step(CheckpointStep::Compacted);
-    tracing::debug!(dir = %dir.display(), generation = header.generation, bytes = snapshot.len(), "checkpoint compacted");
+    tracing::debug!(dir = %path, generation = header.generation, bytes = snapshot.len(), "checkpoint compacted");
     Ok(Wal {
         file: new_file,
         len: new_header.len() as u64,
         generation: header.generation,
         snapshot_len: snapshot.len() as u64,
+        last_seq: state.seq,
     })
 }

@@ -44,6 +44,14 @@ pub enum CheckpointError {
         /// Version this build reads.
         supported: u32,
     },
+    /// The checkpoint directory cannot be used (a symbolic link, not a directory).
+    #[error("checkpoint directory {path}: {reason}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A file operation failed while opening or compacting.
     #[error("{op} {path}: {source}")]
     Io {

@@ -12,8 +12,11 @@
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"NRIACSNP";
 /// Magic of the write-ahead log.
 pub const WAL_MAGIC: [u8; 8] = *b"NRIACWAL";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes. Version 2 numbers the commits; version 1 files
+/// (without numbers) are still read, and replaced by a version 2 generation at open.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// The most payload bytes one entry (one commit) may hold.
 pub const MAX_ENTRY_BYTES: usize = 1 << 20;
 /// The most bytes a checkpoint file may hold; larger files are refused unread.
@@ -29,6 +32,8 @@ const FIXED_HEADER: usize = 8 + 4 + 8 + 1;
 pub(crate) struct Header {
     pub generation: u64,
     pub boot_id: String,
+    /// Format version: [`FORMAT_VERSION`] when written, what the file says when read.
+    pub version: u32,
 }
 
 /// Why a header does not decode.
@@ -46,7 +51,7 @@ impl Header {
         let id = self.boot_id.as_bytes();
         let mut out = Vec::with_capacity(FIXED_HEADER + id.len() + 4);
         out.extend_from_slice(magic);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&self.generation.to_le_bytes());
         // The boot id length is checked at open (<= MAX_HEADER_BOOT_ID < 256).
         out.push(id.len().min(MAX_HEADER_BOOT_ID) as u8);
@@ -72,7 +77,7 @@ impl Header {
             )));
         }
         let version = u32::from_le_bytes(le4(&bytes[8..12]));
-        if version != FORMAT_VERSION {
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(HeaderError::Version(version));
         }
         let generation = u64::from_le_bytes(le8(&bytes[12..20]));
@@ -92,6 +97,7 @@ impl Header {
             Header {
                 generation,
                 boot_id,
+                version,
             },
             end + 4,
         ))
@@ -221,6 +227,7 @@ mod tests {
         let header = Header {
             generation: 3,
             boot_id: "b".into(),
+            version: FORMAT_VERSION,
         };
         let mut out = header.encode(&WAL_MAGIC);
         let start = out.len();
@@ -235,6 +242,7 @@ mod tests {
         let header = Header {
             generation: 7,
             boot_id: "abc".into(),
+            version: FORMAT_VERSION,
         };
         let bytes = header.encode(&SNAPSHOT_MAGIC);
         let (back, len) = Header::decode(&SNAPSHOT_MAGIC, &bytes).unwrap();
@@ -244,10 +252,10 @@ mod tests {
             Err(HeaderError::Invalid(_))
         ));
         let mut newer = bytes.clone();
-        newer[8] = 2;
+        newer[8] = 3;
         assert!(matches!(
             Header::decode(&SNAPSHOT_MAGIC, &newer),
-            Err(HeaderError::Version(2))
+            Err(HeaderError::Version(3))
         ));
         let mut flipped = bytes;
         flipped[13] ^= 1;

@@ -1,52 +1,69 @@
-//! Opening the checkpoint: read both files, check them, replay the log, and
-//! only then repair what a crash may have left (a torn tail, a stale log,
-//! temp files). Nothing is changed when a file cannot be read or is corrupt.
+//! Loading the checkpoint: read both files, check them and replay the log, changing nothing.
+//! What a crash left to repair is noted in the [`Loaded`] result and done by [`Loaded::open`].
 
-use std::fs::{self, OpenOptions};
-use std::path::{Path, PathBuf};
-use std::sync::{Condvar, Mutex, RwLock};
+use std::path::Path;
 
+use cdi::{Dir, DirError};
 use serde::Deserialize;
 
-use super::commit::{install_generation, temp_path};
+use super::commit::temp_name;
 use super::error::CheckpointError;
-use super::files::{ensure_dir, read_bounded};
+use super::files::read_bounded;
 use super::format::{
     FORMAT_VERSION, Header, HeaderError, MAX_HEADER_BOOT_ID, SNAPSHOT_MAGIC, WAL_MAGIC,
     scan_entries,
 };
+use super::loaded::{History, Loaded, Repair};
 use super::{
-    Change, Checkpoint, CheckpointOptions, OpenReport, Payload, Queue, SNAPSHOT_FILE, State,
-    TornTailReport, WAL_FILE, Wal,
+    Change, Checkpoint, OpenReport, Payload, SNAPSHOT_FILE, State, TornTailReport, WAL_FILE,
 };
 
-/// An entry of the snapshot file, as read.
+/// An entry of a version 2 snapshot, as read.
 #[derive(Deserialize)]
 enum SnapshotEntry<R, U> {
+    Record(String, u64, R),
+    Pending(String, U),
+    End {
+        records: u64,
+        pending: u64,
+        seq: u64,
+    },
+}
+
+/// An entry of a version 1 snapshot (no sequence numbers), as read.
+#[derive(Deserialize)]
+enum SnapshotEntryV1<R, U> {
     Record(String, R),
     Pending(String, U),
     End { records: u64, pending: u64 },
 }
 
-/// Builds the errors of one open, naming the file and the directory.
+/// A version 2 log entry: one numbered commit.
+#[derive(Deserialize)]
+struct WalEntry<R, U> {
+    seq: u64,
+    changes: Vec<Change<R, U>>,
+}
+
+/// Builds the errors of one load, naming the file and the directory.
 struct Errors<'a> {
     dir: &'a Path,
 }
 
 impl Errors<'_> {
-    fn corrupt(&self, path: &Path, reason: String) -> CheckpointError {
+    fn corrupt(&self, name: &str, reason: String) -> CheckpointError {
         CheckpointError::Corrupt {
-            path: path.to_owned(),
+            path: self.dir.join(name),
             dir: self.dir.to_owned(),
             reason,
         }
     }
 
-    fn header(&self, path: &Path, e: HeaderError) -> CheckpointError {
+    fn header(&self, name: &str, e: HeaderError) -> CheckpointError {
         match e {
-            HeaderError::Invalid(reason) => self.corrupt(path, reason),
+            HeaderError::Invalid(reason) => self.corrupt(name, reason),
             HeaderError::Version(found) => CheckpointError::UnsupportedVersion {
-                path: path.to_owned(),
+                path: self.dir.join(name),
                 dir: self.dir.to_owned(),
                 found,
                 supported: FORMAT_VERSION,
@@ -73,17 +90,17 @@ fn check_boot_id(boot_id: &str) -> Result<(), CheckpointError> {
 
 fn load_snapshot<R: Payload, U: Payload>(
     bytes: &[u8],
-    path: &Path,
     errors: &Errors<'_>,
     state: &mut State<R, U>,
 ) -> Result<Header, CheckpointError> {
+    let name = SNAPSHOT_FILE;
     let (header, start) =
-        Header::decode(&SNAPSHOT_MAGIC, bytes).map_err(|e| errors.header(path, e))?;
+        Header::decode(&SNAPSHOT_MAGIC, bytes).map_err(|e| errors.header(name, e))?;
     let scan = scan_entries(bytes, start)
-        .map_err(|d| errors.corrupt(path, format!("at byte {}: {}", d.offset, d.reason)))?;
+        .map_err(|d| errors.corrupt(name, format!("at byte {}: {}", d.offset, d.reason)))?;
     if let Some(torn) = scan.torn {
         return Err(errors.corrupt(
-            path,
+            name,
             format!(
                 "it ends in a damaged entry at byte {}: {}",
                 torn.offset, torn.reason
@@ -94,27 +111,44 @@ fn load_snapshot<R: Payload, U: Payload>(
     for (offset, payload) in scan.entries {
         if ended {
             return Err(errors.corrupt(
-                path,
+                name,
                 format!("an entry at byte {offset} follows the end marker"),
             ));
         }
-        let entry: SnapshotEntry<R, U> = serde_json::from_slice(payload).map_err(|e| {
+        let undecodable = |e: serde_json::Error| {
             errors.corrupt(
-                path,
+                name,
                 format!("the entry at byte {offset} does not decode: {e}"),
             )
-        })?;
+        };
+        let entry = if header.version == 1 {
+            match serde_json::from_slice(payload).map_err(undecodable)? {
+                SnapshotEntryV1::Record(uid, r) => SnapshotEntry::Record(uid, 0, r),
+                SnapshotEntryV1::Pending(id, u) => SnapshotEntry::Pending(id, u),
+                SnapshotEntryV1::End { records, pending } => SnapshotEntry::End {
+                    records,
+                    pending,
+                    seq: 0,
+                },
+            }
+        } else {
+            serde_json::from_slice(payload).map_err(undecodable)?
+        };
         match entry {
-            SnapshotEntry::Record(uid, record) => {
-                state.records.insert(uid, record);
+            SnapshotEntry::Record(uid, seq, record) => {
+                state.records.insert(uid, (seq, record));
             }
             SnapshotEntry::Pending(id, update) => {
                 state.pending.insert(id, update);
             }
-            SnapshotEntry::End { records, pending } => {
+            SnapshotEntry::End {
+                records,
+                pending,
+                seq,
+            } => {
                 if records != state.records.len() as u64 || pending != state.pending.len() as u64 {
                     return Err(errors.corrupt(
-                        path,
+                        name,
                         format!(
                             "the end marker counts {records} records and {pending} pending updates, the file holds {} and {}",
                             state.records.len(),
@@ -122,51 +156,129 @@ fn load_snapshot<R: Payload, U: Payload>(
                         ),
                     ));
                 }
+                if let Some((uid, (newer, _))) = state.records.iter().find(|(_, (s, _))| *s > seq) {
+                    return Err(errors.corrupt(
+                        name,
+                        format!(
+                            "the record of {uid} comes from commit {newer}, after the last commit {seq} the snapshot says it holds"
+                        ),
+                    ));
+                }
+                state.seq = seq;
                 ended = true;
             }
         }
     }
     if !ended {
-        return Err(errors.corrupt(path, "it has no end marker (it was cut short)".into()));
+        return Err(errors.corrupt(name, "it has no end marker (it was cut short)".into()));
     }
     Ok(header)
 }
 
-impl<R: Payload, U: Payload> Checkpoint<R, U> {
-    /// Opens (or creates) the checkpoint in `dir` for the boot `boot_id`.
-    ///
-    /// - A partially written last log entry (a crash during a commit) is cut
-    ///   off and reported; earlier entries are kept.
-    /// - Files written under another boot id are replaced by an empty state;
-    ///   the dropped records and pending updates are counted in the report.
-    /// - A corrupt file (bad magic, header, snapshot or an entry in the middle
-    ///   of the log) or one of another format version is an error naming the
-    ///   file and the way out; nothing is changed.
-    /// - A file that cannot be read is an error; nothing is changed or deleted.
-    ///
-    /// The caller holds the [node lock](crate::nodelock) around open and every
-    /// read-modify-write.
-    pub fn open_with(
-        dir: &Path,
-        boot_id: &str,
-        options: CheckpointOptions,
-    ) -> Result<(Self, OpenReport), CheckpointError> {
-        check_boot_id(boot_id)?;
-        let errors = Errors { dir };
-        let snapshot_path = dir.join(SNAPSHOT_FILE);
-        let wal_path = dir.join(WAL_FILE);
-        let mut report = OpenReport::default();
-        ensure_dir(dir)?;
+/// Replays the entries of a log of the snapshot's generation onto `state`; answers where the
+/// good entries end and the torn tail, if any.
+fn replay_wal<R: Payload, U: Payload>(
+    bytes: &[u8],
+    header: &Header,
+    start: usize,
+    errors: &Errors<'_>,
+    state: &mut State<R, U>,
+) -> Result<(u64, Option<TornTailReport>), CheckpointError> {
+    let name = WAL_FILE;
+    let scan = scan_entries(bytes, start).map_err(|d| {
+        errors.corrupt(
+            name,
+            format!(
+                "at byte {}: {} (not a torn tail: entries follow it)",
+                d.offset, d.reason
+            ),
+        )
+    })?;
+    for (offset, payload) in scan.entries {
+        let undecodable = |e: serde_json::Error| {
+            errors.corrupt(
+                name,
+                format!("the entry at byte {offset} does not decode: {e}"),
+            )
+        };
+        let expected = state.seq + 1;
+        let (seq, changes) = if header.version == 1 {
+            let changes: Vec<Change<R, U>> =
+                serde_json::from_slice(payload).map_err(undecodable)?;
+            (expected, changes)
+        } else {
+            let entry: WalEntry<R, U> = serde_json::from_slice(payload).map_err(undecodable)?;
+            (entry.seq, entry.changes)
+        };
+        if seq != expected {
+            return Err(errors.corrupt(
+                name,
+                format!(
+                    "the entry at byte {offset} is commit {seq} where commit {expected} belongs: commits are missing, repeated or out of order"
+                ),
+            ));
+        }
+        for change in changes {
+            state.apply(change, seq);
+        }
+        state.seq = seq;
+    }
+    let good = scan.torn.as_ref().map_or(bytes.len(), |t| t.offset) as u64;
+    let torn = scan.torn.map(|t| TornTailReport {
+        offset: t.offset as u64,
+        bytes: bytes.len() as u64 - t.offset as u64,
+        entries: u64::from(!bytes[t.offset..].iter().all(|b| *b == 0)),
+        kept_seq: state.seq,
+        reason: t.reason,
+    });
+    Ok((good, torn))
+}
 
-        // Read everything before changing anything.
-        let snap_bytes = read_bounded(&snapshot_path, dir)?;
-        let wal_bytes = read_bounded(&wal_path, dir)?;
+impl<R: Payload, U: Payload> Checkpoint<R, U> {
+    /// Reads and checks the checkpoint in the directory `dir` without changing anything: a
+    /// missing directory or missing files load as an empty checkpoint (`created` in the
+    /// report). A symbolic link as the directory is refused. See [`Checkpoint::load_in`].
+    pub fn load(dir: &Path, boot_id: &str) -> Result<Loaded<R, U>, CheckpointError> {
+        match Dir::open(dir) {
+            Ok(d) => Self::load_in(d, boot_id),
+            Err(DirError::Missing { .. }) => {
+                check_boot_id(boot_id)?;
+                Ok(Loaded::empty(Err(dir.to_owned()), boot_id))
+            }
+            Err(e) => Err(CheckpointError::Dir {
+                path: dir.to_owned(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Reads and checks the checkpoint in the opened directory `dir` for the boot `boot_id`,
+    /// changing nothing.
+    ///
+    /// - A partially written last log entry (a crash during a commit) is noted as a torn tail
+    ///   (cut off by [`Loaded::open`]); earlier entries are kept.
+    /// - Files written under another boot id load as an empty state (the containers the records
+    ///   describe are gone); the dropped records and pending updates are counted, and the
+    ///   history (last sequence number) carries over.
+    /// - A corrupt file (bad magic, header, snapshot, an entry in the middle of the log, a
+    ///   commit missing from the numbering) or one of another format version is an error
+    ///   naming the file and the way out.
+    /// - A file that cannot be read is an error.
+    ///
+    /// The caller holds the [node lock](crate::nodelock) around load, open and every
+    /// read-modify-write.
+    pub fn load_in(dir: Dir, boot_id: &str) -> Result<Loaded<R, U>, CheckpointError> {
+        check_boot_id(boot_id)?;
+        let dir_path = dir.path().to_owned();
+        let errors = Errors { dir: &dir_path };
+        let mut report = OpenReport::default();
+        let snap_bytes = read_bounded(&dir, SNAPSHOT_FILE)?;
+        let wal_bytes = read_bounded(&dir, WAL_FILE)?;
         let mut state = State::<R, U>::default();
         let snap_header = match &snap_bytes {
-            Some(bytes) => Some(load_snapshot(bytes, &snapshot_path, &errors, &mut state)?),
+            Some(bytes) => Some(load_snapshot(bytes, &errors, &mut state)?),
             None => None,
         };
-        // (generation, length of the good entries, torn tail) of a log to keep.
         let mut keep_wal: Option<(u64, u64)> = None;
         let mut file_boot: Option<String> = None;
         let mut last_generation = 0;
@@ -174,10 +286,10 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
             (None, None) => report.created = true,
             (None, Some(_)) => {
                 return Err(errors.corrupt(
-                    &snapshot_path,
+                    SNAPSHOT_FILE,
                     format!(
                         "it is missing while the log {} exists, so the records written before the log began are lost",
-                        wal_path.display()
+                        dir_path.join(WAL_FILE).display()
                     ),
                 ));
             }
@@ -188,17 +300,17 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
             }
             (Some(snap), Some(bytes)) => {
                 let (wal, start) =
-                    Header::decode(&WAL_MAGIC, bytes).map_err(|e| errors.header(&wal_path, e))?;
+                    Header::decode(&WAL_MAGIC, bytes).map_err(|e| errors.header(WAL_FILE, e))?;
                 file_boot = Some(snap.boot_id.clone());
                 last_generation = snap.generation.max(wal.generation);
                 if wal.generation > snap.generation {
                     return Err(errors.corrupt(
-                        &wal_path,
+                        WAL_FILE,
                         format!(
                             "its generation {} is newer than the generation {} of the snapshot {}",
                             wal.generation,
                             snap.generation,
-                            snapshot_path.display()
+                            dir_path.join(SNAPSHOT_FILE).display()
                         ),
                     ));
                 } else if wal.generation < snap.generation {
@@ -207,148 +319,75 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
                 } else {
                     if wal.boot_id != snap.boot_id {
                         return Err(errors.corrupt(
-                            &wal_path,
+                            WAL_FILE,
                             format!(
                                 "its boot id {:?} differs from the boot id {:?} of the snapshot of the same generation",
                                 wal.boot_id, snap.boot_id
                             ),
                         ));
                     }
-                    let scan = scan_entries(bytes, start).map_err(|d| {
-                        errors.corrupt(
-                            &wal_path,
+                    if wal.version != snap.version {
+                        return Err(errors.corrupt(
+                            WAL_FILE,
                             format!(
-                                "at byte {}: {} (not a torn tail: entries follow it)",
-                                d.offset, d.reason
+                                "its format version {} differs from the version {} of the snapshot of the same generation",
+                                wal.version, snap.version
                             ),
-                        )
-                    })?;
-                    for (offset, payload) in scan.entries {
-                        let changes: Vec<Change<R, U>> =
-                            serde_json::from_slice(payload).map_err(|e| {
-                                errors.corrupt(
-                                    &wal_path,
-                                    format!("the entry at byte {offset} does not decode: {e}"),
-                                )
-                            })?;
-                        for change in changes {
-                            state.apply(change);
-                        }
+                        ));
                     }
-                    let good = scan.torn.as_ref().map_or(bytes.len(), |t| t.offset) as u64;
-                    if let Some(torn) = scan.torn {
-                        report.torn_tail = Some(TornTailReport {
-                            offset: torn.offset as u64,
-                            bytes: bytes.len() as u64 - torn.offset as u64,
-                            reason: torn.reason,
-                        });
-                    }
+                    let (good, torn) = replay_wal(bytes, &wal, start, &errors, &mut state)?;
+                    report.torn_tail = torn;
                     keep_wal = Some((wal.generation, good));
                 }
             }
         }
+        let history = History {
+            boot_id: file_boot.clone(),
+            seq: state.seq,
+        };
+        if let Some(snap) = &snap_header
+            && snap.version < FORMAT_VERSION
+        {
+            report.upgraded_from = Some(snap.version);
+            keep_wal = None;
+        }
         if let Some(previous) = file_boot.filter(|b| b != boot_id) {
             report.dropped_records = state.records.len();
             report.dropped_pending = state.pending.len();
-            tracing::warn!(
-                dir = %dir.display(),
-                previous_boot_id = %previous,
-                boot_id,
-                dropped_records = report.dropped_records,
-                dropped_pending = report.dropped_pending,
-                "the node rebooted since the checkpoint was written: its records and pending container updates describe containers that are gone and are dropped"
-            );
             report.previous_boot_id = Some(previous);
+            let seq = state.seq;
             state = State::default();
+            state.seq = seq;
             keep_wal = None;
         }
-
-        // Repair: only now is anything written or removed.
-        for temp in [temp_path(&snapshot_path), temp_path(&wal_path)] {
-            match fs::remove_file(&temp) {
-                Ok(()) => {
-                    tracing::warn!(file = %temp.display(), "removed the temp file of an interrupted checkpoint compaction");
-                    report.removed_temp_files.push(temp);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        let mut temps = Vec::new();
+        for name in [temp_name(SNAPSHOT_FILE), temp_name(WAL_FILE)] {
+            match dir.stat(&name) {
+                Ok(Some(_)) => temps.push(name),
+                Ok(None) => {}
                 Err(source) => {
-                    return Err(CheckpointError::Io {
-                        op: "removing",
-                        path: temp,
+                    return Err(CheckpointError::Unreadable {
+                        path: dir.display(&name),
                         source,
                     });
                 }
             }
         }
-        let io = |op, path: &PathBuf| {
-            let path = path.clone();
-            move |source| CheckpointError::Io { op, path, source }
-        };
-        let wal = match keep_wal {
-            Some((generation, good)) => {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&wal_path)
-                    .map_err(io("opening", &wal_path))?;
-                if let Some(torn) = &report.torn_tail {
-                    tracing::warn!(
-                        file = %wal_path.display(),
-                        offset = torn.offset,
-                        bytes = torn.bytes,
-                        reason = %torn.reason,
-                        "cut off the partially written last entry of the checkpoint log (a crash during a commit that had not returned)"
-                    );
-                    file.set_len(good).map_err(io("truncating", &wal_path))?;
-                    file.sync_data().map_err(io("syncing", &wal_path))?;
-                }
-                Wal {
-                    file,
-                    len: good,
-                    generation,
-                    snapshot_len: snap_bytes.as_ref().map_or(0, |b| b.len() as u64),
-                }
-            }
-            None => {
-                if report.stale_wal_replaced {
-                    tracing::warn!(file = %wal_path.display(), "replacing a checkpoint log older than the snapshot (a crash during compaction); the snapshot holds its entries");
-                }
-                if report.wal_missing {
-                    tracing::warn!(file = %wal_path.display(), "the checkpoint log is missing; starting a new one after the snapshot");
-                }
-                let header = Header {
-                    generation: last_generation + 1,
-                    boot_id: boot_id.to_owned(),
-                };
-                install_generation(dir, &snapshot_path, &wal_path, &state, &header, &|_| {})
-                    .map_err(|e| CheckpointError::Io {
-                        op: "writing a new generation of the checkpoint in",
-                        path: dir.to_owned(),
-                        source: std::io::Error::other(e.message),
-                    })?
-            }
-        };
         report.records = state.records.len();
         report.pending = state.pending.len();
-        let checkpoint = Checkpoint {
-            dir: dir.to_owned(),
-            snapshot_path,
-            wal_path,
-            boot_id: boot_id.to_owned(),
-            options,
-            state: RwLock::new(state),
-            wal: Mutex::new(wal),
-            queue: Mutex::new(Queue {
-                next_ticket: 0,
-                waiting: Vec::new(),
-                leader: false,
-                results: Default::default(),
-                poisoned: None,
-                stats: Default::default(),
-            }),
-            written: Condvar::new(),
-            hook: Mutex::new(None),
+        let repair = Repair {
+            keep_wal,
+            last_generation,
+            snapshot_len: snap_bytes.as_ref().map_or(0, |b| b.len() as u64),
+            temps,
         };
-        Ok((checkpoint, report))
+        Ok(Loaded::new(
+            Ok(dir),
+            boot_id,
+            state,
+            report,
+            history,
+            repair,
+        ))
     }
 }

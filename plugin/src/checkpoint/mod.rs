@@ -8,6 +8,17 @@
 //! - `wal`: one checksummed entry per commit since that snapshot, appended and
 //!   fdatasync'd before the commit returns.
 //!
+//! Every commit gets the next **sequence number**; the log's entries carry it, the snapshot
+//! keeps the highest one folded in and, per record, the sequence of the commit that put it.
+//! Sequence numbers only grow, across compactions and reboots, so a caller that wrote the
+//! sequence of its commit somewhere else (the claim engine stamps CDI specs with it) can tell
+//! a checkpoint that lost commits from one that never had them (see [`History`]).
+//!
+//! The directory is opened once ([`cdi::Dir`]); every file operation goes through that handle.
+//! [`Checkpoint::load`] reads and checks the files without changing anything (read-only
+//! commands stop there); [`Loaded::open`] then repairs what a crash left (a torn tail, a
+//! stale log, temp files, a reboot) and starts taking commits.
+//!
 //! A commit costs one append and one sync whatever the number of records held;
 //! concurrent commits share both (group commit). When the log outgrows the
 //! snapshot it is folded into a new snapshot of the next generation. The
@@ -21,10 +32,13 @@ mod error;
 mod files;
 mod format;
 mod load;
+mod loaded;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+
+use cdi::Dir;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
 use serde::de::DeserializeOwned;
@@ -32,6 +46,10 @@ use serde::{Deserialize, Serialize};
 
 pub use error::CheckpointError;
 pub use format::{FORMAT_VERSION, MAX_ENTRY_BYTES, MAX_FILE_BYTES};
+pub use loaded::{History, Loaded};
+
+/// The name of the checkpoint directory inside the state dir.
+pub const CHECKPOINT_DIR: &str = "checkpoint";
 
 /// Name of the snapshot file in the checkpoint directory.
 pub const SNAPSHOT_FILE: &str = "snapshot";
@@ -96,13 +114,17 @@ impl Default for CheckpointOptions {
     }
 }
 
-/// A torn tail found and cut off at open.
+/// A torn tail found at load and cut off at open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TornTailReport {
     /// Where the good entries end (the new length of the log).
     pub offset: u64,
-    /// How many bytes were cut off.
+    /// How many bytes are cut off.
     pub bytes: u64,
+    /// How many (partial) entries they held: 1, or 0 for a zero-filled tail.
+    pub entries: u64,
+    /// The sequence number of the last commit kept.
+    pub kept_seq: u64,
     /// What was wrong with them.
     pub reason: String,
 }
@@ -132,13 +154,18 @@ pub struct OpenReport {
     pub wal_missing: bool,
     /// Temp files of an interrupted compaction that were removed.
     pub removed_temp_files: Vec<PathBuf>,
+    /// The files were of this older format version; a new generation was written in the
+    /// current one.
+    pub upgraded_from: Option<u32>,
 }
 
-/// The current records and pending updates.
+/// The current records (each with the sequence of the commit that put it), pending updates
+/// and the sequence of the last commit applied.
 #[derive(Debug, Clone)]
 pub(crate) struct State<R, U> {
-    records: BTreeMap<String, R>,
+    records: BTreeMap<String, (u64, R)>,
     pending: BTreeMap<String, U>,
+    seq: u64,
 }
 
 impl<R, U> Default for State<R, U> {
@@ -146,15 +173,18 @@ impl<R, U> Default for State<R, U> {
         Self {
             records: BTreeMap::new(),
             pending: BTreeMap::new(),
+            seq: 0,
         }
     }
 }
 
 impl<R, U> State<R, U> {
-    fn apply(&mut self, change: Change<R, U>) {
+    /// Applies one change of the commit numbered `seq`.
+    fn apply(&mut self, change: Change<R, U>, seq: u64) {
+        self.seq = self.seq.max(seq);
         match change {
             Change::PutRecord(uid, record) => {
-                self.records.insert(uid, record);
+                self.records.insert(uid, (seq, record));
             }
             Change::DeleteRecord(uid) => {
                 self.records.remove(&uid);
@@ -175,14 +205,28 @@ struct Wal {
     len: u64,
     generation: u64,
     snapshot_len: u64,
+    /// Sequence number of the last commit in the log (or folded into the snapshot).
+    last_seq: u64,
 }
 
 /// A commit waiting for a leader to write it.
 struct Queued<R, U> {
     ticket: u64,
-    frame: Vec<u8>,
+    /// The changes as JSON; the leader wraps them with the sequence number.
+    json: Vec<u8>,
     changes: Vec<Change<R, U>>,
+    /// A failure of this commit must stop every later one (see [`Checkpoint::enqueue`]).
+    critical: bool,
 }
+
+/// A commit queued by [`Checkpoint::enqueue`], to be waited for with [`Checkpoint::wait`].
+#[derive(Debug)]
+#[must_use = "a queued commit is durable only once waited for"]
+pub struct Ticket(u64);
+
+/// A test hook consulted before each append to the log: an error it answers fails that
+/// append as a full disk would (the append is cut back and reported to its callers).
+pub type FaultHook = Arc<dyn Fn() -> Option<std::io::Error> + Send + Sync>;
 
 /// A batch failure, shared by every commit of the batch.
 #[derive(Debug, Clone)]
@@ -199,7 +243,7 @@ struct Queue<R, U> {
     next_ticket: u64,
     waiting: Vec<Queued<R, U>>,
     leader: bool,
-    results: HashMap<u64, Result<(), BatchError>>,
+    results: HashMap<u64, Result<u64, BatchError>>,
     poisoned: Option<String>,
     stats: CommitStats,
 }
@@ -219,7 +263,7 @@ pub struct CommitStats {
 /// updates (by container id). See the module docs.
 pub struct Checkpoint<R, U> {
     dir: PathBuf,
-    snapshot_path: PathBuf,
+    handle: Dir,
     wal_path: PathBuf,
     boot_id: String,
     options: CheckpointOptions,
@@ -228,6 +272,7 @@ pub struct Checkpoint<R, U> {
     queue: Mutex<Queue<R, U>>,
     written: Condvar,
     hook: Mutex<Option<StepHook>>,
+    fault: Mutex<Option<FaultHook>>,
 }
 
 impl<R, U> std::fmt::Debug for Checkpoint<R, U> {
@@ -250,14 +295,38 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
         Self::open_with(dir, boot_id, CheckpointOptions::default())
     }
 
+    /// [`Checkpoint::load`] then [`Loaded::open`]: opens (or creates) the checkpoint in `dir`
+    /// and repairs what a crash left.
+    pub fn open_with(
+        dir: &Path,
+        boot_id: &str,
+        options: CheckpointOptions,
+    ) -> Result<(Self, OpenReport), CheckpointError> {
+        Self::load(dir, boot_id)?.open(options)
+    }
+
     /// The current records, by claim UID.
     pub fn records(&self) -> BTreeMap<String, R> {
-        self.read_state().records.clone()
+        self.read_state()
+            .records
+            .iter()
+            .map(|(k, (_, r))| (k.clone(), r.clone()))
+            .collect()
     }
 
     /// The record of one claim.
     pub fn record(&self, uid: &str) -> Option<R> {
-        self.read_state().records.get(uid).cloned()
+        self.read_state().records.get(uid).map(|(_, r)| r.clone())
+    }
+
+    /// The sequence number of the commit that put the claim's record.
+    pub fn record_seq(&self, uid: &str) -> Option<u64> {
+        self.read_state().records.get(uid).map(|(seq, _)| *seq)
+    }
+
+    /// The sequence number of the last commit: every commit up to it is in the checkpoint.
+    pub fn high_water(&self) -> u64 {
+        self.read_state().seq
     }
 
     /// The number of records held.
@@ -303,6 +372,11 @@ impl<R, U> Checkpoint<R, U> {
     /// Installs (or removes) the step callback; for crash tests.
     pub fn set_step_hook(&self, hook: Option<StepHook>) {
         *lock(&self.hook) = hook;
+    }
+
+    /// Installs (or removes) the append fault hook; for failure tests.
+    pub fn set_fault_hook(&self, hook: Option<FaultHook>) {
+        *lock(&self.fault) = hook;
     }
 
     fn step(&self, step: CheckpointStep) {

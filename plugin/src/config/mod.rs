@@ -16,7 +16,7 @@ use std::path::Path;
 pub use error::{ConfigError, Position};
 pub use model::{
     AnnotationsConfig, CdiConfig, CdiInjection, ClaimsApiConfig, Config, DiscoveryConfig,
-    LogConfig, LogFormat, LogLevel, MetricsConfig, NriConfig, SpecFormat,
+    DraConfig, LogConfig, LogFormat, LogLevel, MetricsConfig, NriConfig, SpecFormat,
 };
 
 /// Where the daemon reads its config unless told otherwise.

@@ -90,6 +90,22 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             ),
         )?;
     }
+    let driver = &cfg.dra.driver_name;
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if driver.len() > 63 || !driver.split('.').all(label_ok) {
+        fail(
+            vec![Key("dra"), Key("driver_name")],
+            format!(
+                "DRA driver name {driver:?} must be a DNS subdomain of at most 63 characters ([a-z0-9-] labels separated by dots)"
+            ),
+        )?;
+    }
     dra(cfg)?;
     if let Some(addr) = cfg.metrics.listen
         && !addr.ip().is_loopback()
@@ -102,9 +118,8 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
     Ok(())
 }
 
-/// The `dra` section: a driver name the API server accepts, absolute kubelet directories.
+/// The `dra` section's kubelet directories (absolute) and the node name (a DNS subdomain).
 fn dra(cfg: &Config) -> Checked {
-    let driver = &cfg.dra.driver_name;
     let label = |l: &str| {
         let b = l.as_bytes();
         let edge = |c: Option<&u8>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
@@ -113,14 +128,6 @@ fn dra(cfg: &Config) -> Checked {
             && b.iter()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
     };
-    if driver.len() > 63 || !driver.split('.').all(label) {
-        fail(
-            vec![Key("dra"), Key("driver_name")],
-            format!(
-                "driver name {driver:?} must be a DNS subdomain ([a-z0-9.-]) of at most 63 characters, e.g. accel.nri.io"
-            ),
-        )?;
-    }
     absolute(
         &cfg.dra.plugins_registry_dir,
         vec![Key("dra"), Key("plugins_registry_dir")],

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::{Agent, AgentSettings, ClaimsFacade, NriPlugin};
 use crate::bootid::{BootId, ProcBootId};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{CHECKPOINT_DIR, Checkpoint};
 use crate::claims_api::{ClaimsServer, DefaultPeerPolicy, Limits, ServerOptions};
 use crate::config::{CdiConfig, Config};
 use crate::device_health::{HealthMonitor, HealthReport};
@@ -40,6 +40,9 @@ pub enum DaemonError {
     /// The boot id could not be read.
     #[error("boot id: {0}")]
     BootId(std::io::Error),
+    /// The state dir cannot be used (a symbolic link, not a directory, not creatable).
+    #[error("state dir: {0}")]
+    StateDir(String),
     /// The checkpoint could not be opened (corrupt, unreadable): the message names the file.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
@@ -124,7 +127,7 @@ pub fn store_config(cdi: &CdiConfig) -> cdi::StoreConfig {
 
 /// The checkpoint directory under the state dir.
 pub fn checkpoint_dir(config: &Config) -> PathBuf {
-    config.state_dir.join("checkpoint")
+    config.state_dir.join(CHECKPOINT_DIR)
 }
 
 impl Daemon {
@@ -138,24 +141,20 @@ impl Daemon {
         let inventory = found.inventory.clone();
         let node = Node::new(found.inventory, &config.pools, &Registry::with_builtins())?;
 
-        std::fs::create_dir_all(&config.state_dir).map_err(|source| {
-            crate::nodelock::NodeLockError::Open {
-                path: config.state_dir.clone(),
-                source,
-            }
-        })?;
-        let lock = NodeLock::open(&config.state_dir)?;
+        // The state dir and the CDI dir are opened once; every file operation after this goes
+        // through their handles (a symbolic link as either is refused).
+        let (state_dir, _) = cdi::Dir::open_or_create(&config.state_dir, 0o700)
+            .map_err(|e| DaemonError::StateDir(e.to_string()))?;
+        let state_dir = Arc::new(state_dir);
+        let lock = NodeLock::open_in(state_dir.clone())?;
         let guard = match lock.lock(Duration::ZERO) {
             Ok(g) => g,
             Err(_) => {
                 tracing::warn!(lock = %lock.path().display(), "another nri-accel holds the node lock; waiting for it to exit");
-                let path = lock.path().to_path_buf();
-                tokio::task::spawn_blocking(move || {
-                    NodeLock::open(&path.parent().map(|p| p.to_path_buf()).unwrap_or_default())?
-                        .lock(NODE_LOCK_WAIT)
-                })
-                .await
-                .map_err(|e| DaemonError::BootId(std::io::Error::other(e.to_string())))??
+                let waiting = lock.clone();
+                tokio::task::spawn_blocking(move || waiting.lock(NODE_LOCK_WAIT))
+                    .await
+                    .map_err(|e| DaemonError::BootId(std::io::Error::other(e.to_string())))??
             }
         };
 
@@ -163,17 +162,10 @@ impl Daemon {
             Some(b) => b.clone(),
             None => ProcBootId::new().boot_id().map_err(DaemonError::BootId)?,
         };
-        let (journal, opened) = Checkpoint::open(&checkpoint_dir(config), &boot_id)?;
-        if let Some(prev) = &opened.previous_boot_id {
-            tracing::warn!(previous_boot = %prev, dropped_records = opened.dropped_records,
-                "the node rebooted since the checkpoint was written: nothing prepared survived, records dropped");
-        }
-        if let Some(t) = &opened.torn_tail {
-            tracing::warn!(
-                ?t,
-                "a commit torn by a crash was cut off the checkpoint log"
-            );
-        }
+        let (checkpoint, _) = state_dir
+            .child(CHECKPOINT_DIR, Some(0o700))
+            .map_err(|e| DaemonError::StateDir(e.to_string()))?;
+        let journal = Checkpoint::load_in(checkpoint, &boot_id)?;
         let specs = cdi::SpecStore::open(store_config(&config.cdi))?;
         let (engine, report) = Engine::start(node, journal, specs, opts.crash)?;
         tracing::info!(
@@ -214,7 +206,10 @@ impl Daemon {
                 ..Limits::default()
             },
         };
-        let facade = Arc::new(ClaimsFacade::new(agent.clone(), metrics.clone()));
+        let facade = Arc::new(
+            ClaimsFacade::new(agent.clone(), metrics.clone())
+                .with_driver_name(config.dra.driver_name.clone()),
+        );
         let claims = ClaimsServer::bind(
             &config.claims_api.socket,
             facade.clone(),

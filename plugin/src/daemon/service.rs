@@ -18,13 +18,52 @@ use crate::metrics::{Metrics, Outcome};
 pub struct ClaimsFacade {
     agent: Arc<Agent>,
     metrics: Arc<Metrics>,
+    driver_name: String,
 }
 
 impl ClaimsFacade {
-    /// A facade over `agent` (the API enforces the gate and tells status about it).
+    /// A facade over `agent` (the API enforces the gate and tells status about it), serving
+    /// the default DRA driver name.
     pub fn new(agent: Arc<Agent>, metrics: Arc<Metrics>) -> Self {
-        ClaimsFacade { agent, metrics }
+        ClaimsFacade {
+            agent,
+            metrics,
+            driver_name: crate::config::DraConfig::default().driver_name,
+        }
     }
+
+    /// Serves DRA results of the driver `name` (`dra.driver_name`); results naming another
+    /// driver are refused per claim.
+    pub fn with_driver_name(mut self, name: String) -> Self {
+        self.driver_name = name;
+        self
+    }
+}
+
+/// Checks a claim's DRA results (driver, share ids) before it reaches the policy; answers the
+/// share ids to echo per result.
+fn check_results(
+    engine: &crate::engine::Engine,
+    driver_name: &str,
+    spec: &ClaimSpec,
+) -> Result<Vec<Option<String>>, String> {
+    let ClaimAsk::Results(results) = &spec.ask else {
+        return Ok(Vec::new());
+    };
+    let refs: Vec<crate::engine::ResultRef<'_>> = results
+        .iter()
+        .map(|r| crate::engine::ResultRef {
+            request: &r.request,
+            driver: &r.driver,
+            pool: &r.pool,
+            device: &r.device,
+            share_id: r.share_id.as_deref(),
+        })
+        .collect();
+    engine
+        .check_results(&spec.uid, driver_name, &refs)
+        .map_err(|e| e.to_string())?;
+    Ok(results.iter().map(|r| r.share_id.clone()).collect())
 }
 
 /// The policy's form of a claims-API claim.
@@ -75,9 +114,18 @@ impl ClaimService for ClaimsFacade {
     async fn prepare(&self, claims: Vec<ClaimSpec>) -> PrepareResults {
         let engine = self.agent.engine();
         let metrics = &self.metrics;
+        let driver_name = self.driver_name.as_str();
         let work = claims.into_iter().map(|spec| async move {
             let uid = spec.uid.clone();
             let started = std::time::Instant::now();
+            let share_ids = match check_results(engine, driver_name, &spec) {
+                Ok(s) => s,
+                Err(e) => {
+                    metrics.record_prepare(Outcome::Error, started.elapsed());
+                    tracing::warn!(claim = %uid, error = %e, "claim not prepared");
+                    return (uid, Err(e));
+                }
+            };
             let result = engine.prepare(to_request(spec)).await;
             let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Error };
             metrics.record_prepare(outcome, started.elapsed());
@@ -86,12 +134,13 @@ impl ClaimService for ClaimsFacade {
                     tracing::info!(claim = %uid, already = p.already, devices = p.devices.len(), "claim prepared");
                     Ok(p.devices
                         .into_iter()
-                        .map(|d| PreparedDevice {
+                        .enumerate()
+                        .map(|(i, d)| PreparedDevice {
                             request_names: vec![d.request],
                             pool: d.pool,
                             device: d.device,
                             cdi_device_ids: vec![d.cdi_id],
-                            share_id: None,
+                            share_id: share_ids.get(i).cloned().flatten(),
                         })
                         .collect())
                 }

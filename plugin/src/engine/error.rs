@@ -42,6 +42,63 @@ pub enum EngineError {
         "cannot restore the committed claims into the policy: {0}; the checkpoint was kept: fix the config or inventory, or move the checkpoint aside to start empty"
     )]
     Restore(String),
+    /// CDI specs prove grants the checkpoint does not hold: it lost commits (an older copy, a
+    /// cut log) or the specs come from elsewhere. Startup stops; nothing was changed.
+    #[error(
+        "refusing to start: {count} CDI spec file(s) in {cdi_dir} prove grants that the checkpoint {checkpoint} does not hold ({last}): {files}. The checkpoint lost commits (restored from an older copy, or its log was cut) or the specs were copied in. Nothing was changed or deleted. Way out: put the newest checkpoint back if there is one; otherwise stop nri-accel, move the listed spec files out of {cdi_dir} (keep them) and start again: devices that running containers use are then adopted, and DRA drivers prepare their claims again"
+    )]
+    LostHistory {
+        /// How many spec files.
+        count: usize,
+        /// The files and why each is unproven (the first 20).
+        files: String,
+        /// The CDI dir.
+        cdi_dir: std::path::PathBuf,
+        /// The checkpoint dir.
+        checkpoint: std::path::PathBuf,
+        /// What the checkpoint holds: `it ends at commit N of boot B`.
+        last: String,
+    },
+    /// A prepared claim was asked to prepare again with a different ask.
+    #[error(
+        "claim {claim} is already prepared with {holds} and this Prepare asks for {asked}: a claim's allocation never changes under one UID. Unprepare it first, or prepare the new ask under a new UID; nothing was changed"
+    )]
+    AskChanged {
+        /// The claim.
+        claim: String,
+        /// What it holds.
+        holds: String,
+        /// What was asked now.
+        asked: String,
+    },
+    /// A DRA result names another driver.
+    #[error(
+        "claim {claim} refused: the result for {result} is for driver {driver}, and this node serves {ours} (dra.driver_name); nothing was prepared"
+    )]
+    ForeignDriver {
+        /// The claim.
+        claim: String,
+        /// The result: `request <request> (device <device>)`.
+        result: String,
+        /// The driver named.
+        driver: String,
+        /// The configured driver name.
+        ours: String,
+    },
+    /// A share id on a device that is not shared.
+    #[error(
+        "claim {claim} refused: device {device} of pool {pool} is not shared, so it takes no share id (got {share_id}); nothing was prepared"
+    )]
+    ShareIdNotShared {
+        /// The claim.
+        claim: String,
+        /// The device.
+        device: String,
+        /// Its pool.
+        pool: String,
+        /// The share id given.
+        share_id: String,
+    },
     /// A crash was injected at this step by a test hook.
     #[error("crash injected at step {0}")]
     Crashed(CrashPoint),

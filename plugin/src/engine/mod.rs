@@ -1,12 +1,15 @@
 //! The claim engine: prepares and releases claims so that no device is granted
 //! twice, none is leaked, and nothing is lost when the process dies at any step.
 //!
-//! State rules (DESIGN.md, "State: what proves what"): a record in the
-//! checkpoint says the policy's allocation is committed; a CDI spec says the
-//! claim was granted. Prepare is allocate -> commit -> write spec; unprepare is
-//! commit the record's removal -> release -> remove spec. The in-memory policy
-//! state equals the committed records for every claim nobody is working on, so
-//! a reconciliation that holds a claim's lock sees the truth.
+//! State rules (DESIGN.md, "State: what proves what"; docs/state.md): a record in
+//! the checkpoint says the policy's allocation is committed; a CDI spec says the
+//! claim was granted, and carries the stamp of the commit that created its record.
+//! Prepare is allocate -> commit -> write the stamped spec; unprepare is release
+//! and commit the record's removal together with the container updates the
+//! release made (one commit) -> push the updates -> remove spec. The in-memory
+//! policy state equals the committed records for every claim nobody is working
+//! on, so a reconciliation that holds a claim's lock sees the truth. Startup
+//! refuses to start when a spec proves a commit the checkpoint no longer holds.
 //!
 //! Concurrency: one prepare or unprepare per claim UID at a time
 //! ([`ClaimLocks`]); the policy sits behind a short mutex (its decisions take
@@ -14,6 +17,7 @@
 //! checkpoint's group commit; spec files are per claim. Cross-process exclusion
 //! is the node lock the daemon holds for its whole life (see docs/state.md).
 
+mod ask;
 mod claim_locks;
 mod crash;
 mod edits;
@@ -26,20 +30,28 @@ mod record;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use policies::{Adjustment, Allocation, ClaimRequest, ContainerUpdate, Node};
+use policies::{Adjustment, Allocation, Ask, ClaimRequest, ContainerUpdate, Node};
 use serde::Serialize;
 
-use crate::checkpoint::{Change, Checkpoint};
+use crate::checkpoint::{Change, Checkpoint, CheckpointOptions, Loaded};
 
+pub use ask::{ResultRef, check_results, describe, describe_held, same_ask};
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use error::EngineError;
 pub use pending::{UpdateSink, in_handler, in_nri_handler};
-pub use reconcile::{Plan, plan};
+pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{ClaimRecord, Origin, PendingUpdate};
 
 /// The checkpoint as the engine uses it.
 pub type Journal = Checkpoint<ClaimRecord, PendingUpdate>;
+
+/// The checkpoint as the engine uses it, loaded and not yet opened (startup decides on it
+/// before anything is repaired or written).
+pub type LoadedJournal = Loaded<ClaimRecord, PendingUpdate>;
+
+/// How many unproven spec files a startup refusal names.
+const UNPROVEN_NAMED: usize = 20;
 
 /// One device of a prepared claim, as the claims API answers it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -95,26 +107,99 @@ pub struct Engine {
     crash: Option<CrashHook>,
 }
 
+/// The startup reconciliation of a loaded checkpoint and the spec files, decided before
+/// anything is written: the plan, or the refusal when a spec proves a lost commit.
+pub fn startup_plan(loaded: &LoadedJournal, specs: &cdi::SpecStore) -> Result<Plan, EngineError> {
+    let listed = specs.list_stamped().map_err(|source| EngineError::Spec {
+        claim: "startup".into(),
+        source,
+    })?;
+    let files: Vec<SpecFile> = listed.into_iter().map(SpecFile::from).collect();
+    let records: BTreeMap<String, u64> = loaded
+        .records()
+        .map(|(uid, seq, _)| (uid.clone(), seq))
+        .collect();
+    Ok(reconcile::plan(
+        &records,
+        &files,
+        loaded.history(),
+        loaded.boot_id(),
+    ))
+}
+
+/// The startup refusal for a plan with unproven specs.
+fn lost_history(
+    plan: &Plan,
+    loaded: &LoadedJournal,
+    specs: &cdi::SpecStore,
+    dir: &std::path::Path,
+) -> EngineError {
+    let mut files: Vec<String> = plan
+        .unproven
+        .iter()
+        .take(UNPROVEN_NAMED)
+        .map(|u| format!("{} ({})", specs.dir().join(&u.file).display(), u.why))
+        .collect();
+    if plan.unproven.len() > UNPROVEN_NAMED {
+        files.push(format!(
+            "and {} more (nri-accel reconcile --dry-run lists them all)",
+            plan.unproven.len() - UNPROVEN_NAMED
+        ));
+    }
+    let h = loaded.history();
+    let last = match &h.boot_id {
+        Some(b) => format!("it ends at commit {} of boot {b}", h.seq),
+        None => "it is empty".to_string(),
+    };
+    EngineError::LostHistory {
+        count: plan.unproven.len(),
+        files: files.join("; "),
+        cdi_dir: specs.dir().to_path_buf(),
+        checkpoint: dir.to_path_buf(),
+        last,
+    }
+}
+
 impl Engine {
-    /// Builds the engine from an opened checkpoint and spec store and reconciles
-    /// them: half-prepared records are rolled back, orphan specs removed, and the
-    /// prepared claims restored into `node`. Nothing is deleted when the spec
-    /// directory cannot be listed: that is an error.
+    /// Builds the engine from a loaded checkpoint and the spec store, with the default
+    /// checkpoint options. See [`Engine::start_with`].
     pub fn start(
+        node: Node,
+        journal: LoadedJournal,
+        specs: cdi::SpecStore,
+        crash: Option<CrashHook>,
+    ) -> Result<(Engine, StartupReport), EngineError> {
+        Self::start_with(node, journal, specs, crash, CheckpointOptions::default())
+    }
+
+    /// Builds the engine from a loaded checkpoint and the spec store and reconciles them (see
+    /// [`reconcile`](plan)): when a spec proves a commit the checkpoint does not hold, startup
+    /// is refused and nothing is changed; otherwise the checkpoint is opened (its repairs
+    /// made), half-prepared records are rolled back, released specs removed, and the prepared
+    /// claims restored into `node`. Nothing is deleted when the spec directory cannot be
+    /// listed: that is an error.
+    pub fn start_with(
         mut node: Node,
-        journal: Journal,
+        loaded: LoadedJournal,
         mut specs: cdi::SpecStore,
         crash: Option<CrashHook>,
+        options: CheckpointOptions,
     ) -> Result<(Engine, StartupReport), EngineError> {
         if let Some(hook) = crash.clone() {
             specs.set_step_hook(edits::spec_hook(hook));
         }
+        let plan = startup_plan(&loaded, &specs)?;
+        if !plan.unproven.is_empty() {
+            return Err(lost_history(&plan, &loaded, &specs, loaded.dir()));
+        }
+        let (journal, _opened) =
+            loaded
+                .open(options)
+                .map_err(|source| EngineError::Checkpoint {
+                    claim: "startup".into(),
+                    source,
+                })?;
         let records = journal.records();
-        let spec_uids = specs.list().map_err(|source| EngineError::Spec {
-            claim: "startup".into(),
-            source,
-        })?;
-        let plan = reconcile::plan(records.keys(), spec_uids.iter());
         if !plan.roll_back.is_empty() {
             let changes = plan
                 .roll_back
@@ -149,6 +234,9 @@ impl Engine {
             .collect();
         let pending_updates = journal.pending_count();
         let seq = journal.pending().values().map(|p| p.seq).max().unwrap_or(0);
+        if !specs.dir_still_at_path() {
+            tracing::warn!(dir = %specs.dir().display(), "the CDI directory was replaced since it was opened");
+        }
         let engine = Engine {
             state: Mutex::new(State { node, seq, origins }),
             journal: Arc::new(journal),
@@ -192,8 +280,23 @@ impl Engine {
     ) -> Result<Prepared, EngineError> {
         check_uid(&req.uid)?;
         let _claim = self.claims.lock(&req.uid).await;
-        self.prepare_locked(&req.uid.clone(), origin, |node| node.allocate(&req))
-            .await
+        let ask = req.ask.clone();
+        self.prepare_locked(&req.uid.clone(), origin, Some(ask), |node| {
+            node.allocate(&req)
+        })
+        .await
+    }
+
+    /// Refuses DRA results naming another driver than `driver_name`, and share ids on
+    /// devices that are not shared; nothing is allocated or written. The claims API and the
+    /// DRA plugin call it before [`Engine::prepare`].
+    pub fn check_results(
+        &self,
+        uid: &str,
+        driver_name: &str,
+        results: &[ResultRef<'_>],
+    ) -> Result<(), EngineError> {
+        ask::check_results(&self.state().node, uid, driver_name, results)
     }
 
     /// Marks a device found in use by a running container without a record as
@@ -211,7 +314,7 @@ impl Engine {
             container_id: container_id.to_string(),
         };
         let result = self
-            .prepare_locked(&uid, origin, |node| node.adopt(&uid, device_id))
+            .prepare_locked(&uid, origin, None, |node| node.adopt(&uid, device_id))
             .await;
         if let Ok(p) = &result
             && !p.already
@@ -226,8 +329,19 @@ impl Engine {
         &self,
         uid: &str,
         origin: Origin,
+        ask: Option<Ask>,
         allocate: impl FnOnce(&mut Node) -> Result<policies::Outcome, policies::Refusal>,
     ) -> Result<Prepared, EngineError> {
+        if let Some(asked) = &ask
+            && let Some(held) = self.journal.record(uid)
+            && !ask::same_ask(held.ask.as_ref(), &held.allocation, asked)
+        {
+            return Err(EngineError::AskChanged {
+                claim: uid.to_string(),
+                holds: ask::describe_held(&held.allocation),
+                asked: ask::describe(asked),
+            });
+        }
         let (outcome, seq) = {
             let mut st = self.state();
             let outcome = allocate(&mut st.node)?;
@@ -240,12 +354,13 @@ impl Engine {
             (outcome, st.seq)
         };
         if outcome.already {
-            return self.grant(uid, &outcome.allocation, true).await;
+            return self.grant(uid, &outcome.allocation, None).await;
         }
         self.step(CrashPoint::AfterAllocate)?;
         let record = ClaimRecord {
             allocation: outcome.allocation.clone(),
             origin: origin.clone(),
+            ask,
         };
         let committed = self
             .commit_with_updates(
@@ -255,17 +370,20 @@ impl Engine {
                 seq,
             )
             .await;
-        if let Err(e) = committed {
-            if !e.is_crash() {
-                // Nothing durable changed: bring memory back to the committed state.
-                let mut st = self.state();
-                st.node.release(uid);
-                if st.node.allocation(uid).is_none() {
-                    st.origins.remove(uid);
+        let commit_seq = match committed {
+            Ok(n) => n,
+            Err(e) => {
+                if !e.is_crash() {
+                    // Nothing durable changed: bring memory back to the committed state.
+                    let mut st = self.state();
+                    st.node.release(uid);
+                    if st.node.allocation(uid).is_none() {
+                        st.origins.remove(uid);
+                    }
                 }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         // The annotation path answers the updates in CreateContainer's response too.
         let in_handler = matches!(origin, Origin::Annotation { .. });
         self.step(CrashPoint::AfterCheckpoint)?;
@@ -274,34 +392,45 @@ impl Engine {
             self.flush_pending().await;
         }
         self.step(CrashPoint::AfterUpdatePush)?;
-        let mut prepared = self.grant(uid, &outcome.allocation, false).await?;
+        let mut prepared = self
+            .grant(uid, &outcome.allocation, Some(commit_seq))
+            .await?;
         if in_handler {
             prepared.updates = outcome.updates;
         }
         Ok(prepared)
     }
 
-    /// Writes the claim's spec unless it exists, and answers with its CDI IDs.
-    /// A failure rolls the claim back only while it has no spec.
+    /// Writes the claim's spec stamped with the commit that created its record, and answers
+    /// with its CDI IDs. `committed` is that commit for a fresh prepare (its spec is always
+    /// written, replacing any stale one); `None` for a repeat, whose spec is written only when
+    /// missing. A failure rolls the claim back only while it has no spec.
     async fn grant(
         &self,
         uid: &str,
         allocation: &Allocation,
-        already: bool,
+        committed: Option<u64>,
     ) -> Result<Prepared, EngineError> {
+        let already = committed.is_none();
         let edits = self
             .state()
             .node
             .edits(uid)
             .map(|e| e.iter().map(edits::to_cdi).collect::<Vec<_>>())
             .unwrap_or_default();
+        let stamp = cdi::Stamp {
+            seq: committed
+                .or_else(|| self.journal.record_seq(uid))
+                .unwrap_or(0),
+            boot_id: self.journal.boot_id().to_string(),
+        };
         let specs = self.specs.clone();
         let id = uid.to_string();
         let written = blocking(uid, move || {
-            if specs.exists(&id)? {
+            if already && specs.exists(&id)? {
                 specs.device_ids(&id, edits.len())
             } else {
-                specs.write(&id, &edits)
+                specs.write_stamped(&id, &stamp, &edits)
             }
         })
         .await;
@@ -354,11 +483,7 @@ impl Engine {
 
     /// Drops the record of a claim that has no spec and gives its units back.
     async fn roll_back(&self, uid: &str) -> Result<(), EngineError> {
-        self.commit(uid, vec![Change::DeleteRecord(uid.to_string())])
-            .await?;
-        let (updates, seq) = self.release_in_memory(uid);
-        self.commit_with_updates(uid, Vec::new(), &updates, seq)
-            .await?;
+        let updates = self.release_committed(uid).await?;
         if !updates.is_empty() {
             self.flush_pending().await;
         }
@@ -366,12 +491,47 @@ impl Engine {
         Ok(())
     }
 
-    fn release_in_memory(&self, uid: &str) -> (Vec<ContainerUpdate>, u64) {
-        let mut st = self.state();
-        let updates = st.node.release(uid);
-        st.origins.remove(uid);
-        st.seq += 1;
-        (updates, st.seq)
+    /// Releases a held claim and commits, in one commit, the removal of its record and the
+    /// container updates the release made; answers those updates (now pending).
+    ///
+    /// The release and the queueing of its commit happen under the policy lock, so any
+    /// claim that takes the freed units commits after this one, and the commit is critical:
+    /// if it fails, the checkpoint refuses every later commit until nri-accel restarts and
+    /// reads back the durable state (where the claim is still held). Nothing can become
+    /// durable that depends on a release that is not.
+    async fn release_committed(&self, uid: &str) -> Result<Vec<ContainerUpdate>, EngineError> {
+        let checkpoint_error = |source| EngineError::Checkpoint {
+            claim: uid.to_string(),
+            source,
+        };
+        let _order = self.pending.order.lock().await;
+        let (ticket, updates) = {
+            let mut st = self.state();
+            let current = self.journal.pending();
+            let updates = st.node.release(uid);
+            st.origins.remove(uid);
+            st.seq += 1;
+            let seq = st.seq;
+            let mut changes = vec![Change::DeleteRecord(uid.to_string())];
+            changes.extend(pending_changes(&current, &updates, seq));
+            match self.journal.enqueue(changes, true) {
+                Ok(t) => (t, updates),
+                Err(e) => {
+                    // Memory is ahead of the disk now: no later commit may land.
+                    self.journal.poison(format!(
+                        "the release of claim {uid} could not be queued: {e}"
+                    ));
+                    return Err(checkpoint_error(e));
+                }
+            }
+        };
+        if let Some(ticket) = ticket {
+            let journal = self.journal.clone();
+            blocking(uid, move || journal.wait(ticket))
+                .await?
+                .map_err(checkpoint_error)?;
+        }
+        Ok(updates)
     }
 
     /// Releases a claim: its record's removal is committed, the policy releases
@@ -386,14 +546,10 @@ impl Engine {
     async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
         let held = self.state().node.allocation(uid).is_some();
         if held {
-            self.commit(uid, vec![Change::DeleteRecord(uid.to_string())])
-                .await?;
+            let updates = self.release_committed(uid).await?;
             self.step(CrashPoint::AfterCheckpoint)?;
-            let (updates, seq) = self.release_in_memory(uid);
             self.step(CrashPoint::AfterRelease)?;
             if !updates.is_empty() {
-                self.commit_with_updates(uid, Vec::new(), &updates, seq)
-                    .await?;
                 self.flush_pending().await;
             }
             self.step(CrashPoint::AfterUpdatePush)?;
@@ -414,10 +570,10 @@ impl Engine {
         &self,
         uid: &str,
         changes: Vec<Change<ClaimRecord, PendingUpdate>>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<u64, EngineError> {
         let journal = self.journal.clone();
         match blocking(uid, move || journal.commit(changes)).await? {
-            Ok(()) => Ok(()),
+            Ok(seq) => Ok(seq),
             Err(source) => Err(EngineError::Checkpoint {
                 claim: uid.to_string(),
                 source,
@@ -433,29 +589,13 @@ impl Engine {
         mut changes: Vec<Change<ClaimRecord, PendingUpdate>>,
         updates: &[ContainerUpdate],
         seq: u64,
-    ) -> Result<(), EngineError> {
+    ) -> Result<u64, EngineError> {
         if updates.is_empty() {
-            return if changes.is_empty() {
-                Ok(())
-            } else {
-                self.commit(uid, changes).await
-            };
+            return self.commit(uid, changes).await;
         }
         let _order = self.pending.order.lock().await;
         let current = self.journal.pending();
-        for u in updates {
-            if current.get(&u.container_id).is_some_and(|p| p.seq > seq) {
-                continue;
-            }
-            changes.push(Change::PutPending(
-                u.container_id.clone(),
-                PendingUpdate {
-                    seq,
-                    cpus: u.cpus.clone(),
-                    mems: u.mems.clone(),
-                },
-            ));
-        }
+        changes.extend(pending_changes(&current, updates, seq));
         self.commit(uid, changes).await
     }
 
@@ -510,8 +650,10 @@ impl Engine {
         Ok(())
     }
 
-    /// One reconciliation pass over every claim, each under its own lock, so a
-    /// claim being prepared right now is never mistaken for a half-prepared one.
+    /// One reconciliation pass over every claim, each under its own lock, so a claim being
+    /// prepared right now is never mistaken for a half-prepared one. The rules are startup's
+    /// ([`plan`]) against the checkpoint as it is now; a spec that proves a commit the
+    /// checkpoint does not hold is left alone and reported.
     pub async fn reconcile(&self) -> Result<Plan, EngineError> {
         let specs = self.specs.clone();
         let spec_uids = blocking("reconcile", move || specs.list())
@@ -520,15 +662,51 @@ impl Engine {
                 claim: "reconcile".into(),
                 source,
             })?;
-        let record_uids: Vec<String> = self
-            .state()
-            .node
-            .allocations()
-            .map(|a| a.claim_uid.clone())
-            .collect();
-        let rough = reconcile::plan(record_uids.iter(), spec_uids.iter());
+        if !self.specs.dir_still_at_path() {
+            tracing::warn!(dir = %self.specs.dir().display(), "the CDI directory was renamed or replaced while nri-accel runs: it keeps writing to the directory it opened at startup, which the runtime no longer reads; restart nri-accel");
+        }
+        let records: BTreeMap<String, u64> = {
+            let st = self.state();
+            st.node
+                .allocations()
+                .map(|a| {
+                    let seq = self.journal.record_seq(&a.claim_uid).unwrap_or(0);
+                    (a.claim_uid.clone(), seq)
+                })
+                .collect()
+        };
+        // Stamps matter only for specs without a record (the candidates for removal).
+        let mut files = Vec::with_capacity(spec_uids.len());
+        for uid in spec_uids {
+            let stamp = if records.contains_key(&uid) {
+                None
+            } else {
+                let specs = self.specs.clone();
+                let id = uid.clone();
+                blocking(&uid, move || specs.stamp(&id))
+                    .await?
+                    .map_err(|source| EngineError::Spec {
+                        claim: uid.clone(),
+                        source,
+                    })?
+            };
+            files.push(SpecFile {
+                file: uid.clone(),
+                uid,
+                stamp,
+            });
+        }
+        let history = crate::checkpoint::History {
+            boot_id: Some(self.journal.boot_id().to_string()),
+            seq: self.journal.high_water(),
+        };
+        let rough = reconcile::plan(&records, &files, &history, self.journal.boot_id());
+        for u in &rough.unproven {
+            tracing::error!(claim = %u.uid, why = %u.why, "a CDI spec proves a grant the checkpoint does not hold; it is left alone");
+        }
         let mut done = Plan {
             restore: rough.restore,
+            unproven: rough.unproven,
             ..Plan::default()
         };
         for uid in rough.roll_back {
@@ -604,10 +782,38 @@ impl Engine {
         self.journal.pending_count()
     }
 
+    /// The checkpoint (for status and for failure tests' hooks).
+    pub fn checkpoint(&self) -> &Journal {
+        &self.journal
+    }
+
     /// The spec store's CDI device IDs for a claim, for mapping containers back to claims.
     pub fn spec_store(&self) -> &cdi::SpecStore {
         &self.specs
     }
+}
+
+/// The pending-update changes of a decision numbered `seq`, leaving out containers whose
+/// pending update comes from a newer decision.
+fn pending_changes(
+    current: &BTreeMap<String, PendingUpdate>,
+    updates: &[ContainerUpdate],
+    seq: u64,
+) -> Vec<Change<ClaimRecord, PendingUpdate>> {
+    updates
+        .iter()
+        .filter(|u| current.get(&u.container_id).is_none_or(|p| p.seq <= seq))
+        .map(|u| {
+            Change::PutPending(
+                u.container_id.clone(),
+                PendingUpdate {
+                    seq,
+                    cpus: u.cpus.clone(),
+                    mems: u.mems.clone(),
+                },
+            )
+        })
+        .collect()
 }
 
 /// The claim UID an adopted device gets: stable per container and device.

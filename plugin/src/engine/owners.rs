@@ -50,13 +50,19 @@ impl Engine {
         let origin = Origin::Adopted {
             container_id: container_id.to_string(),
         };
+        let allocation = record.allocation.clone();
         let record = ClaimRecord {
             allocation: record.allocation,
             origin: origin.clone(),
+            ask: record.ask,
         };
-        self.commit(uid, vec![Change::PutRecord(uid.to_string(), record)])
+        let seq = self
+            .commit(uid, vec![Change::PutRecord(uid.to_string(), record)])
             .await?;
         self.state().origins.insert(uid.to_string(), origin);
+        // The spec must carry the stamp of the record's commit, or reconciliation would take it
+        // for the spec of an earlier, released grant.
+        self.grant(uid, &allocation, Some(seq)).await?;
         tracing::warn!(claim = %uid, from = %from, to = %container_id,
             "an adopted device outlives the container it was adopted for; another running container still uses it and now holds it");
         Ok(true)

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use policies::{Allocation, ContainerUpdate};
+use policies::{Allocation, Ask, ContainerUpdate};
 use serde::{Deserialize, Serialize};
 
 /// The committed record of one claim: the policy's allocation and where the claim came from.
@@ -15,6 +15,10 @@ pub struct ClaimRecord {
     /// Who asked for the claim.
     #[serde(default)]
     pub origin: Origin,
+    /// What the claim asked for, so a repeated Prepare can be told from a different one after
+    /// a restart too (`None` for adopted claims and records written before asks were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<Ask>,
 }
 
 /// Where a claim came from; decides who may release it.

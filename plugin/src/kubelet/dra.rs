@@ -13,7 +13,7 @@
 //! over the size limit. The work of a call runs in a task of its own, so a kubelet that gives up
 //! (its timeout is 45 s) never leaves a prepare half-way.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -193,12 +193,6 @@ async fn finish<T>(task: tokio::task::JoinHandle<T>) -> Result<T, DraCallError> 
     })
 }
 
-/// What one claim asks of the engine, with the results as the claim has them (to answer with).
-struct Asked {
-    spec: ClaimSpec,
-    results: Vec<DraResult>,
-}
-
 impl Inner {
     async fn prepare(&self, claims: Vec<ClaimRef>) -> PreparedClaims {
         let mut answers = PreparedClaims::new();
@@ -211,12 +205,12 @@ impl Inner {
         }
         let looked_up = futures::future::join_all(unique.iter().map(|c| self.ask(c))).await;
         let mut specs = Vec::new();
-        let mut asked = HashMap::new();
+        let mut asked = BTreeSet::new();
         for (c, a) in unique.iter().zip(looked_up) {
             match a {
-                Ok(a) => {
-                    specs.push(a.spec);
-                    asked.insert(c.uid.clone(), a.results);
+                Ok(spec) => {
+                    specs.push(spec);
+                    asked.insert(c.uid.clone());
                 }
                 Err(e) => {
                     tracing::warn!(claim = %c.uid, namespace = %c.namespace, name = %c.name, error = %e, "claim not prepared");
@@ -226,11 +220,11 @@ impl Inner {
         }
         if !specs.is_empty() {
             for (uid, answer) in self.claims.prepare(specs).await {
-                let results = asked.remove(&uid).unwrap_or_default();
-                answers.insert(uid, answer.map(|d| self.answer(d, &results)));
+                asked.remove(&uid);
+                answers.insert(uid, answer.map(|d| self.answer(d)));
             }
         }
-        for (uid, _) in asked {
+        for uid in asked {
             answers.insert(
                 uid.clone(),
                 Err(format!(
@@ -261,7 +255,7 @@ impl Inner {
     /// What the engine is asked to prepare for `c`. When the claim's allocation cannot be read
     /// but the engine already holds the claim (a repeat), the held devices are asked for again,
     /// which answers the same CDI IDs without the API server.
-    async fn ask(&self, c: &ClaimRef) -> Result<Asked, String> {
+    async fn ask(&self, c: &ClaimRef) -> Result<ClaimSpec, String> {
         check_uid(&c.uid)?;
         check_claim_name(c)?;
         let read = tokio::time::timeout(SOURCE_TIMEOUT, self.source.allocation(c))
@@ -278,15 +272,11 @@ impl Inner {
             Ok(results) => results,
             Err(e) => return self.held(c).ok_or(e),
         };
-        let engine_results = self.engine_results(c, &results)?;
-        Ok(Asked {
-            spec: spec(c, engine_results),
-            results,
-        })
+        Ok(spec(c, self.engine_results(c, &results)?))
     }
 
     /// The claim as the engine holds it, if it does.
-    fn held(&self, c: &ClaimRef) -> Option<Asked> {
+    fn held(&self, c: &ClaimRef) -> Option<ClaimSpec> {
         let grants = self.engine.with_node(|n| {
             n.allocation(&c.uid).map(|a| {
                 a.results
@@ -296,25 +286,17 @@ impl Inner {
             })
         })?;
         tracing::info!(claim = %c.uid, "claim already prepared; answered from the node's record without the API server");
-        let result = |request: String, pool: String, device: String| DraResult {
-            request,
-            driver: self.settings.driver.clone(),
-            pool,
-            device,
-            share_id: None,
-        };
         let results = grants
-            .iter()
-            .map(|(r, _, d)| result(r.clone(), self.settings.pool.clone(), d.clone()))
-            .collect();
-        let engine_results = grants
             .into_iter()
-            .map(|(r, p, d)| result(r, p, d))
+            .map(|(request, pool, device)| DraResult {
+                request,
+                driver: self.settings.driver.clone(),
+                pool,
+                device,
+                share_id: None,
+            })
             .collect();
-        Some(Asked {
-            spec: spec(c, engine_results),
-            results,
-        })
+        Some(spec(c, results))
     }
 
     /// The claim's results as the engine's results path takes them (the pool of each is the
@@ -367,20 +349,14 @@ impl Inner {
             .collect()
     }
 
-    /// The engine's answer in the claim's terms: the DRA pool, and each result's share ID.
-    fn answer(&self, devices: Vec<PreparedDevice>, results: &[DraResult]) -> Vec<PreparedDevice> {
+    /// The engine's answer in the claim's terms: the DRA pool (the results path answers each
+    /// result's share ID back itself).
+    fn answer(&self, devices: Vec<PreparedDevice>) -> Vec<PreparedDevice> {
         devices
             .into_iter()
-            .map(|d| {
-                let share_id = results
-                    .iter()
-                    .find(|r| r.device == d.device)
-                    .and_then(|r| r.share_id.clone());
-                PreparedDevice {
-                    pool: self.settings.pool.clone(),
-                    share_id,
-                    ..d
-                }
+            .map(|d| PreparedDevice {
+                pool: self.settings.pool.clone(),
+                ..d
             })
             .collect()
     }

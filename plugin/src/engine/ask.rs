@@ -1,0 +1,179 @@
+//! What a claim asked for, and the checks of an ask before anything is allocated: a prepared
+//! claim asked again for something else, results for another driver, a share id on a device
+//! that is not shared.
+//!
+//! A DRA allocation never changes under one claim UID, so a Prepare of a prepared UID is an
+//! idempotent repeat only when it asks for the same thing: the same results (request, pool,
+//! device, in order) or the same count requests. Anything else is a caller's bug or a claim
+//! object recreated under an old UID, and is refused naming both asks. The ask is kept in the
+//! claim's record so the comparison holds across restarts; a record written before asks were
+//! kept compares by the results of its allocation (count asks then cannot be compared and are
+//! answered as repeats).
+
+use policies::{Allocation, Ask, FamilyKind, Node};
+
+use super::EngineError;
+
+/// One DRA allocation result as a caller hands it, before it becomes a policy request.
+#[derive(Debug, Clone, Copy)]
+pub struct ResultRef<'a> {
+    /// The request it answers.
+    pub request: &'a str,
+    /// The DRA driver named in the result.
+    pub driver: &'a str,
+    /// The pool.
+    pub pool: &'a str,
+    /// The published device.
+    pub device: &'a str,
+    /// The share id, when given.
+    pub share_id: Option<&'a str>,
+}
+
+/// Whether `asked` is what the prepared claim asked for (`recorded`, or the results of its
+/// allocation when the record keeps no ask).
+pub fn same_ask(recorded: Option<&Ask>, allocation: &Allocation, asked: &Ask) -> bool {
+    match (recorded, asked) {
+        (Some(r), a) => r == a,
+        (None, Ask::Named(named)) => {
+            named.len() == allocation.results.len()
+                && named.iter().zip(&allocation.results).all(|(n, g)| {
+                    n.request == g.request && n.pool == g.pool && n.device == g.device
+                })
+        }
+        (None, Ask::Count(_)) => true,
+    }
+}
+
+/// A short description of an ask for messages: `devices gpus-gpu0 (pool gpus)` or
+/// `1 exclusive unit in request gpu`.
+pub fn describe(ask: &Ask) -> String {
+    match ask {
+        Ask::Named(results) => {
+            let parts: Vec<String> = results
+                .iter()
+                .map(|r| format!("{} (pool {}, request {})", r.device, r.pool, r.request))
+                .collect();
+            format!("the devices {}", parts.join(", "))
+        }
+        Ask::Count(requests) => {
+            let parts: Vec<String> = requests
+                .iter()
+                .map(|r| {
+                    let family = r.family.as_ref().map_or("any", |f| f.name());
+                    let mut s = format!(
+                        "{} {family} unit{} in request {}",
+                        r.count,
+                        if r.count == 1 { "" } else { "s" },
+                        r.request
+                    );
+                    if let Some(p) = &r.profile {
+                        s.push_str(&format!(" (profile {p})"));
+                    }
+                    if let Some(n) = r.shares {
+                        s.push_str(&format!(" ({n} shares each)"));
+                    }
+                    s
+                })
+                .collect();
+            parts.join(", ")
+        }
+    }
+}
+
+/// What a prepared claim holds, for messages: `gpus-gpu0 (pool gpus)`.
+pub fn describe_held(allocation: &Allocation) -> String {
+    let parts: Vec<String> = allocation
+        .results
+        .iter()
+        .map(|g| format!("{} (pool {})", g.device, g.pool))
+        .collect();
+    parts.join(", ")
+}
+
+/// Refuses results naming another driver than `driver_name`, and share ids on devices whose
+/// pool is not shared. Nothing is allocated or written either way.
+pub fn check_results(
+    node: &Node,
+    uid: &str,
+    driver_name: &str,
+    results: &[ResultRef<'_>],
+) -> Result<(), EngineError> {
+    for r in results {
+        if r.driver != driver_name {
+            return Err(EngineError::ForeignDriver {
+                claim: uid.to_string(),
+                result: format!("request {} (device {})", r.request, r.device),
+                driver: r.driver.to_string(),
+                ours: driver_name.to_string(),
+            });
+        }
+        if let Some(share) = r.share_id
+            && node.pool_family(r.pool) != Some(FamilyKind::Shared)
+        {
+            return Err(EngineError::ShareIdNotShared {
+                claim: uid.to_string(),
+                device: r.device.to_string(),
+                pool: r.pool.to_string(),
+                share_id: share.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policies::{CountRequest, Grant, NamedResult, Unit};
+
+    fn named(device: &str) -> Ask {
+        Ask::Named(vec![NamedResult {
+            request: "gpu".into(),
+            pool: "gpus".into(),
+            device: device.into(),
+        }])
+    }
+
+    fn count(n: u32) -> Ask {
+        Ask::Count(vec![CountRequest {
+            request: "gpu".into(),
+            count: n,
+            ..Default::default()
+        }])
+    }
+
+    fn allocation(device: &str) -> Allocation {
+        Allocation {
+            claim_uid: "c".into(),
+            namespace: String::new(),
+            name: String::new(),
+            results: vec![Grant {
+                request: "gpu".into(),
+                pool: "gpus".into(),
+                device: device.into(),
+                device_id: "gpu0".into(),
+                unit: Unit::Whole,
+            }],
+            cpus: Default::default(),
+        }
+    }
+
+    #[test]
+    fn same_only_when_equal_or_derivable() {
+        let a = allocation("gpus-gpu0");
+        assert!(same_ask(Some(&named("gpus-gpu0")), &a, &named("gpus-gpu0")));
+        assert!(!same_ask(
+            Some(&named("gpus-gpu0")),
+            &a,
+            &named("gpus-gpu1")
+        ));
+        assert!(!same_ask(Some(&named("gpus-gpu0")), &a, &count(1)));
+        assert!(!same_ask(Some(&count(1)), &a, &count(2)));
+        // A record without an ask compares named asks with its results.
+        assert!(same_ask(None, &a, &named("gpus-gpu0")));
+        assert!(!same_ask(None, &a, &named("gpus-gpu1")));
+        assert!(same_ask(None, &a, &count(3)));
+        assert!(describe(&count(2)).contains("2 any units in request gpu"));
+        assert!(describe(&named("gpus-gpu1")).contains("gpus-gpu1 (pool gpus"));
+    }
+}
