@@ -149,8 +149,7 @@ impl Rig {
         let node = Node::new(found.inventory, &config.pools, &Registry::with_builtins()).unwrap();
         let published = node.published();
         std::fs::create_dir_all(&config.state_dir).unwrap();
-        let (journal, _) =
-            Checkpoint::open(&config.state_dir.join("checkpoint"), "boot-1").unwrap();
+        let journal = Checkpoint::load(&config.state_dir.join("checkpoint"), "boot-1").unwrap();
         let specs =
             cdi::SpecStore::open(nri_accel::daemon::run::store_config(&config.cdi)).unwrap();
         let (engine, _) = Engine::start(node, journal, specs, None).unwrap();
