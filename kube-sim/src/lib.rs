@@ -8,3 +8,4 @@
 
 pub mod apiserver;
 pub mod kubelet;
+pub mod scheduler;

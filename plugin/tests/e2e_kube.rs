@@ -9,13 +9,6 @@ use kube_sim::apiserver::{ApiServer, RESOURCE_SLICES};
 
 const NODE: &str = "node-e2e";
 
-fn dra_section(kubeconfig: &std::path::Path) -> String {
-    format!(
-        "dra:\n  enabled: true\n  driver_name: accel.nri.io\nkubernetes:\n  node_name: {NODE}\n  kubeconfig: {}\n",
-        kubeconfig.display()
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_publishes_its_devices_and_cleanup_removes_them() {
     let server = ApiServer::start().await.expect("api server");
@@ -23,7 +16,8 @@ async fn the_daemon_publishes_its_devices_and_cleanup_removes_them() {
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let node = TestNode::new(Shape::default(), &dra_section(&kubeconfig));
+    let node = TestNode::new(Shape::default(), "");
+    node.enable_dra(NODE, &kubeconfig);
     let fake = runtime(&node).await;
     let mut daemon = node.spawn(&[]);
     fake.wait_synchronized(1, WAIT).await.expect("synchronized");
@@ -83,7 +77,8 @@ async fn the_daemon_starts_while_the_api_server_is_down() {
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let node = TestNode::new(Shape::default(), &dra_section(&kubeconfig));
+    let node = TestNode::new(Shape::default(), "");
+    node.enable_dra(NODE, &kubeconfig);
     let fake = runtime(&node).await;
     let _daemon = node.spawn(&[]);
     // The NRI side and the claims API work without the API server.

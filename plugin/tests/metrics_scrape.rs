@@ -58,6 +58,7 @@ async fn scrape_sees_a_recorded_prepare() {
     metrics.set_claims(ClaimState::Prepared, 1);
     metrics.set_pool_units("gpus", 7, 1);
     metrics.set_gate_open(true);
+    metrics.set_device_healthy("0000:18:00.0", false);
 
     let (status, after) = get(addr, "GET", "/metrics").await;
     assert_eq!(status, 200);
@@ -71,6 +72,10 @@ async fn scrape_sees_a_recorded_prepare() {
     assert_eq!(
         sample(&after, r#"nri_accel_claims{state="prepared"}"#),
         Some(1.0)
+    );
+    assert_eq!(
+        sample(&after, r#"nri_accel_device_healthy{device="0000:18:00.0"}"#),
+        Some(0.0)
     );
     assert_eq!(
         sample(&after, r#"nri_accel_units{pool="gpus",state="free"}"#),

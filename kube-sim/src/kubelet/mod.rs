@@ -1,13 +1,16 @@
 //! A simulated kubelet: the plugin watcher that registers plugins found in its registry
-//! directory, and a DRA client that calls a driver's socket the way the kubelet does.
+//! directory, a DRA client that calls a driver's socket the way the kubelet does, and a watch
+//! on the driver's device health stream.
 
 mod call;
 mod dra;
 mod error;
+mod health;
 mod registration;
 pub mod wire;
 
 pub use call::GrpcCaller;
 pub use dra::{DraApi, DraClient, PreparedClaim};
 pub use error::SimError;
+pub use health::{HealthApi, HealthWatch, ReportedHealth};
 pub use registration::{PluginWatcher, RegisteredPlugin};

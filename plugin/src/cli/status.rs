@@ -97,6 +97,16 @@ pub fn render(doc: &Value) -> String {
     }
     let containers = doc["containers"].as_object().cloned().unwrap_or_default();
     let _ = writeln!(out, "\ncontainers known: {}", containers.len());
+    for (device, reason) in doc["device_health"]["unhealthy"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        let _ = writeln!(out, "UNHEALTHY device {device}: {}", s(reason));
+    }
+    if let Some(dra) = doc.get("kubelet").and_then(|k| k.get("dra")) {
+        out.push_str(&kubelet_dra(dra));
+    }
     if let Some(k) = doc.get("kubernetes") {
         out.push_str(&kubernetes(k));
     }
@@ -158,6 +168,26 @@ fn kubernetes(k: &Value) -> String {
         let _ = writeln!(out, "last error ({} in a row): {e}", s(&r["failures"]));
     }
     out
+}
+
+/// The DRA driver's kubelet side: the registration's verdict and the sockets.
+fn kubelet_dra(dra: &Value) -> String {
+    let verdict = match dra["registration"].as_str() {
+        Some("registered") => "registered by the kubelet".to_string(),
+        Some("refused") => format!(
+            "REFUSED by the kubelet: {} (see docs/dra-kubelet.md, troubleshooting)",
+            s(&dra["reason"])
+        ),
+        Some("waiting") => "waiting for the kubelet to register it".to_string(),
+        _ => s(&dra["registration"]),
+    };
+    format!(
+        "\nDRA driver {} (pool {}): {verdict}\n  DRA socket {}\n  registration socket {}\n",
+        s(&dra["driver"]),
+        s(&dra["pool"]),
+        s(&dra["endpoint"]),
+        s(&dra["registration_socket"]),
+    )
 }
 
 fn unit(u: &Value) -> String {

@@ -35,9 +35,9 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Logging.
     pub log: LogConfig,
-    /// The Kubernetes DRA driver (off by default).
+    /// The Kubernetes DRA driver (off by default: the node runs without it).
     pub dra: DraConfig,
-    /// How to reach the Kubernetes API server (used when `dra.enabled`).
+    /// This node in Kubernetes and how to reach the API server (used when `dra.enabled`).
     pub kubernetes: KubernetesConfig,
 }
 
@@ -265,7 +265,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// The Kubernetes DRA driver: publishing the node's devices as ResourceSlices (docs/dra.md).
+/// The Kubernetes DRA driver: the ResourceSlices it publishes (docs/dra.md) and the kubelet
+/// plugin (registration, DRA and health services; docs/dra-kubelet.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DraConfig {
@@ -274,6 +275,11 @@ pub struct DraConfig {
     /// DRA driver name (a DNS subdomain of at most 63 characters). Claims-API and DRA results
     /// naming another driver are refused per claim.
     pub driver_name: String,
+    /// The kubelet's plugin registry directory: the registration socket
+    /// `<driver_name>-reg.sock` goes here.
+    pub plugins_registry_dir: PathBuf,
+    /// The kubelet's plugins directory: the DRA socket is `<driver_name>/dra.sock` under it.
+    pub plugins_dir: PathBuf,
 }
 
 impl Default for DraConfig {
@@ -281,6 +287,8 @@ impl Default for DraConfig {
         DraConfig {
             enabled: false,
             driver_name: "accel.nri.io".to_string(),
+            plugins_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            plugins_dir: PathBuf::from("/var/lib/kubelet/plugins"),
         }
     }
 }

@@ -99,6 +99,28 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             ),
         )?;
     }
+    if let Some(path) = &cfg.kubernetes.kubeconfig {
+        absolute(path, vec![Key("kubernetes"), Key("kubeconfig")])?;
+    }
+    dra(cfg)?;
+    if let Some(addr) = cfg.metrics.listen
+        && !addr.ip().is_loopback()
+    {
+        fail(
+            vec![Key("metrics"), Key("listen")],
+            format!("metrics address {addr} is not a loopback address; use 127.0.0.1 or [::1]"),
+        )?;
+    }
+    Ok(())
+}
+
+/// The `dra` section's kubelet directories (absolute) and the node name (a DNS subdomain).
+fn dra(cfg: &Config) -> Checked {
+    absolute(
+        &cfg.dra.plugins_registry_dir,
+        vec![Key("dra"), Key("plugins_registry_dir")],
+    )?;
+    absolute(&cfg.dra.plugins_dir, vec![Key("dra"), Key("plugins_dir")])?;
     let node = &cfg.kubernetes.node_name;
     if !node.is_empty() && !crate::kube::names::is_dns_subdomain(node) {
         fail(
@@ -106,17 +128,6 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             format!(
                 "node name {node:?} must be a DNS subdomain ([a-z0-9.-], at most 253 characters) as Kubernetes names nodes"
             ),
-        )?;
-    }
-    if let Some(path) = &cfg.kubernetes.kubeconfig {
-        absolute(path, vec![Key("kubernetes"), Key("kubeconfig")])?;
-    }
-    if let Some(addr) = cfg.metrics.listen
-        && !addr.ip().is_loopback()
-    {
-        fail(
-            vec![Key("metrics"), Key("listen")],
-            format!("metrics address {addr} is not a loopback address; use 127.0.0.1 or [::1]"),
         )?;
     }
     Ok(())

@@ -72,12 +72,12 @@ pub struct Agent {
     engine: Arc<Engine>,
     settings: AgentSettings,
     containers: Mutex<ContainerMap>,
+    sections: Mutex<Vec<(&'static str, StatusSection)>>,
     /// Serializes the owner decisions of removals, so an adopted claim is never handed over to a
     /// container whose own removal is deciding at the same time (see [`Agent::remove_container`]).
     removals: tokio::sync::Mutex<()>,
     /// Synchronizes started and finished, their release work included.
     syncs: Arc<watch::Sender<(u64, u64)>>,
-    kubernetes: std::sync::OnceLock<KubernetesStatus>,
 }
 
 /// What the first part of a Synchronize found: the container updates to answer with, and the
@@ -99,8 +99,9 @@ impl Drop for SyncGuard {
     }
 }
 
-/// Gives the `kubernetes` member of the status document (set when the Kubernetes side runs).
-pub type KubernetesStatus = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
+/// Gives one extra member of the status document (e.g. the kubelet's registration), evaluated
+/// each time `status` is asked.
+pub type StatusSection = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// The claim UID of a container's annotation claim.
 pub fn annotation_claim_uid(container_id: &str) -> String {
@@ -128,15 +129,19 @@ impl Agent {
             engine,
             settings,
             containers: Mutex::new(ContainerMap::default()),
+            sections: Mutex::new(Vec::new()),
             removals: tokio::sync::Mutex::new(()),
             syncs: Arc::new(watch::channel((0, 0)).0),
-            kubernetes: std::sync::OnceLock::new(),
         }
     }
 
-    /// Adds the Kubernetes side's state to `status` (once; later calls are ignored).
-    pub fn set_kubernetes_status(&self, source: KubernetesStatus) {
-        let _ = self.kubernetes.set(source);
+    /// Adds the member `name` to the status document (a part of the daemon that runs only when
+    /// configured, such as the DRA driver, tells its state this way). A second section of the
+    /// same name replaces the first.
+    pub fn add_status_section(&self, name: &'static str, section: StatusSection) {
+        let mut sections = self.sections.lock().unwrap_or_else(|e| e.into_inner());
+        sections.retain(|(n, _)| *n != name);
+        sections.push((name, section));
     }
 
     /// The engine the agent drives.
@@ -497,7 +502,13 @@ impl Agent {
             policy: self.engine.snapshot(),
             containers: self.container_claims(),
             pending_updates: self.engine.pending_updates(),
-            kubernetes: self.kubernetes.get().map(|f| f()),
+            sections: self
+                .sections
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(name, section)| (*name, section()))
+                .collect(),
         };
         self.engine
             .with_claims(|claims| super::status::render(&parts, claims))

@@ -58,6 +58,9 @@ pub enum DaemonError {
     /// `dra.enabled` but the Kubernetes side cannot start (node name, credentials).
     #[error("Kubernetes: {0}")]
     Kubernetes(#[from] crate::kube::KubeError),
+    /// `dra.enabled` but the kubelet side of the DRA driver cannot start.
+    #[error("DRA driver: {0}")]
+    Dra(#[from] super::dra::DraStartError),
     /// The configured claims group does not exist.
     #[error("claims_api.group {0:?} is not a group on this host; create it or remove the setting")]
     UnknownGroup(String),
@@ -75,6 +78,9 @@ pub struct DaemonOptions {
     pub boot_id: Option<String>,
     /// An already connected NRI socket (launched by the runtime on fd 3).
     pub nri_stream: Option<StdUnixStream>,
+    /// Where the DRA driver reads claims' allocations; without one, the API server of the
+    /// `kubernetes` section (tests pass an in-process source).
+    pub claim_source: Option<Arc<dyn crate::kubelet::ClaimSource>>,
 }
 
 impl Default for DaemonOptions {
@@ -84,6 +90,7 @@ impl Default for DaemonOptions {
             crash: None,
             boot_id: None,
             nri_stream: None,
+            claim_source: None,
         }
     }
 }
@@ -102,6 +109,7 @@ pub struct Daemon {
     nri_ended: tokio::sync::watch::Receiver<bool>,
     device_health: HealthMonitor,
     kube: Option<crate::kube::KubeSide>,
+    dra: Option<crate::kubelet::DraDriver>,
     _lock: NodeLockGuard,
 }
 
@@ -197,7 +205,7 @@ impl Daemon {
         // Publishing never waits for the API server; only bad credentials stop the start.
         let kube = if config.dra.enabled {
             let side = crate::kube::KubeSide::start(config, &engine).await?;
-            agent.set_kubernetes_status(Box::new(side.status_source()));
+            agent.add_status_section("kubernetes", Box::new(side.status_source()));
             Some(side)
         } else {
             None
@@ -228,9 +236,13 @@ impl Daemon {
             ClaimsFacade::new(agent.clone(), metrics.clone())
                 .with_driver_name(config.dra.driver_name.clone()),
         );
-        let claims =
-            ClaimsServer::bind(&config.claims_api.socket, facade, gate.clone(), server_opts)
-                .await?;
+        let claims = ClaimsServer::bind(
+            &config.claims_api.socket,
+            facade.clone(),
+            gate.clone(),
+            server_opts,
+        )
+        .await?;
         tracing::info!(socket = %config.claims_api.socket.display(), "claims API listening; refusing claims until the runtime's Synchronize");
 
         let mut builder = Stub::builder()
@@ -305,6 +317,35 @@ impl Daemon {
         if let Some(k) = &kube {
             tasks.push(k.follow_health(device_health.subscribe()));
         }
+        tasks.push(tokio::spawn(follow_device_health(
+            device_health.clone(),
+            metrics.clone(),
+        )));
+        let monitor = device_health.clone();
+        agent.add_status_section(
+            "device_health",
+            Box::new(move || device_health_status(&monitor.current())),
+        );
+        let dra = if config.dra.enabled {
+            let parts = super::dra::DraParts {
+                engine: engine.clone(),
+                claims: facade.clone(),
+                gate: gate.clone(),
+                health: device_health.clone(),
+                source: match (&opts.claim_source, &kube) {
+                    (Some(source), _) => source.clone(),
+                    (None, Some(k)) => Arc::new(crate::kube::ApiServerClaims::new(
+                        k.api(),
+                        k.driver(),
+                        k.pool(),
+                    )),
+                    (None, None) => Arc::new(super::dra::NoApiServer),
+                },
+            };
+            Some(super::dra::start(config, &agent, parts)?)
+        } else {
+            None
+        };
         refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
@@ -319,6 +360,7 @@ impl Daemon {
             nri_ended,
             device_health,
             kube,
+            dra,
             _lock: guard,
         })
     }
@@ -367,9 +409,17 @@ impl Daemon {
         let _ = rx.wait_for(|ended| *ended).await;
     }
 
-    /// Stops serving: closes the NRI connection, the claims API (its socket is
-    /// unlinked) and the background tasks, then releases the node lock.
+    /// The DRA driver's kubelet sockets, when `dra.enabled`.
+    pub fn dra(&self) -> Option<&crate::kubelet::DraDriver> {
+        self.dra.as_ref()
+    }
+
+    /// Stops serving: the kubelet's DRA sockets (unlinked), the NRI connection, the claims API
+    /// (its socket is unlinked) and the background tasks, then releases the node lock.
     pub async fn shutdown(mut self) {
+        if let Some(dra) = self.dra.take() {
+            dra.shutdown().await;
+        }
         // The background tasks go first: the connection watcher would otherwise report the close
         // below as a lost connection ("reconnecting"), which is what an operator reads as the
         // runtime going away.
@@ -522,4 +572,34 @@ pub fn refresh_gauges(agent: &Agent, metrics: &Metrics) {
         }
     });
     metrics.set_pending_updates(engine.pending_updates() as u64);
+}
+
+/// Keeps the `device_healthy` gauges equal to the health monitor's latest report.
+async fn follow_device_health(monitor: HealthMonitor, metrics: Arc<Metrics>) {
+    let mut rx = monitor.subscribe();
+    loop {
+        let report = rx.borrow_and_update().clone();
+        for (device, health) in &report.devices {
+            metrics.set_device_healthy(device, health.healthy);
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The `device_health` member of the status document: when the devices were last checked and
+/// each unhealthy device with the reason.
+fn device_health_status(report: &HealthReport) -> serde_json::Value {
+    let checked_at = report
+        .checked_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let unhealthy: serde_json::Map<String, serde_json::Value> = report
+        .devices
+        .iter()
+        .filter(|(_, h)| !h.healthy)
+        .map(|(id, h)| (id.clone(), serde_json::Value::String(h.reason.clone())))
+        .collect();
+    serde_json::json!({ "checked_at": checked_at, "unhealthy": unhealthy })
 }

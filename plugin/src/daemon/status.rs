@@ -67,8 +67,8 @@ struct Document<'a, C: Serialize> {
     claims: C,
     containers: &'a BTreeMap<String, BTreeSet<String>>,
     pending_updates: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kubernetes: Option<&'a serde_json::Value>,
+    #[serde(flatten)]
+    sections: &'a BTreeMap<&'static str, serde_json::Value>,
 }
 
 /// What the document is made of, gathered before the claims are walked.
@@ -81,8 +81,8 @@ pub struct StatusParts {
     pub containers: BTreeMap<String, BTreeSet<String>>,
     /// Container updates waiting to reach the runtime.
     pub pending_updates: usize,
-    /// The Kubernetes side (published slices, errors), when it runs.
-    pub kubernetes: Option<serde_json::Value>,
+    /// Members of the parts that run only when configured (e.g. `kubelet`), by name.
+    pub sections: BTreeMap<&'static str, serde_json::Value>,
 }
 
 /// Writes the document with `claims` (the engine's committed claims, borrowed under its lock).
@@ -107,7 +107,7 @@ pub fn render<'b>(
         },
         containers: &parts.containers,
         pending_updates: parts.pending_updates,
-        kubernetes: parts.kubernetes.as_ref(),
+        sections: &parts.sections,
     };
     // Every part serializes to JSON without failing (string keys, no non-finite floats).
     serde_json::to_string(&doc).unwrap_or_else(|e| {
@@ -153,7 +153,10 @@ mod tests {
                 ("c2".to_string(), BTreeSet::from(["a".to_string()])),
             ]),
             pending_updates: 3,
-            kubernetes: None,
+            sections: BTreeMap::from([(
+                "kubelet",
+                serde_json::json!({"dra": {"registration": "waiting"}}),
+            )]),
         };
         let (a, b) = (allocation("a", "4"), allocation("b", ""));
         let annotation = Origin::Annotation {
@@ -164,6 +167,7 @@ mod tests {
             serde_json::from_str(&render(&parts, claims.into_iter())).unwrap();
         assert_eq!(doc["gate"]["open"], true);
         assert_eq!(doc["pending_updates"], 3);
+        assert_eq!(doc["kubelet"]["dra"]["registration"], "waiting");
         assert_eq!(doc["policy"]["unpooled"][0], "g9");
         assert_eq!(doc["containers"]["c2"][0], "a");
         let claims = doc["claims"].as_array().unwrap();

@@ -8,6 +8,7 @@
 //! [`claims`] turns a fetched claim into what the engine prepares. docs/dra.md is the operator's
 //! side of all this.
 
+mod claim_source;
 pub mod claims;
 pub mod cleanup;
 mod client;
@@ -23,6 +24,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
+pub use claim_source::ApiServerClaims;
 pub use claims::{ClaimAllocation, ClaimError, allocation_for};
 pub use client::{DEFAULT_CALL_TIMEOUT, KubeClient};
 pub use error::KubeError;

@@ -5,14 +5,23 @@
 //! in its own file that turns a kubelet call into the engine calls the claims API already makes;
 //! this module holds what they share: serving a tonic router on a socket path that may go stale
 //! or be wiped (the kubelet wipes its device-plugins dir when it restarts), and dialling the
-//! kubelet's own socket.
+//! kubelet's own socket. [`DraDriver`] keeps the DRA driver's two sockets served.
 
 mod channel;
+mod dra;
+mod driver;
 mod error;
+mod health;
 mod registration;
 mod socket;
 
 pub use channel::dial;
+pub use dra::{
+    ClaimSource, DraCallError, DraService, DraSettings, DraV1, DraV1beta1, MAX_CLAIMS,
+    MAX_MESSAGE_BYTES, MAX_RESULTS, PreparedClaims, SOURCE_TIMEOUT, UnpreparedClaims,
+};
+pub use driver::{DraDriver, DraDriverConfig, DraDriverStatus, WATCH_EVERY};
 pub use error::KubeletError;
+pub use health::{DeviceEntry, HealthService, HealthV1, HealthV1alpha1, REFRESH};
 pub use registration::{RegistrationService, RegistrationState};
 pub use socket::{ServedSocket, prepare_socket_path};

@@ -7,6 +7,8 @@
 
 use kubelet_proto::pluginregistration as pb;
 use kubelet_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
+use std::sync::Arc;
+
 use tokio::sync::watch;
 
 /// Where the kubelet's registration of a plugin stands.
@@ -21,11 +23,12 @@ pub enum RegistrationState {
     Refused(String),
 }
 
-/// Answers the kubelet's GetInfo and records its verdict.
-#[derive(Debug)]
+/// Answers the kubelet's GetInfo and records its verdict. Clones share the verdict, so the
+/// service can be served again (on a new socket) without losing it.
+#[derive(Debug, Clone)]
 pub struct RegistrationService {
     info: pb::PluginInfo,
-    state: watch::Sender<RegistrationState>,
+    state: Arc<watch::Sender<RegistrationState>>,
 }
 
 impl RegistrationService {
@@ -40,8 +43,14 @@ impl RegistrationService {
                 endpoint: endpoint.display().to_string(),
                 supported_versions: versions.iter().map(|v| v.to_string()).collect(),
             },
-            state,
+            state: Arc::new(state),
         }
+    }
+
+    /// Back to waiting for a verdict: the socket was served anew, so the kubelet registers the
+    /// plugin again.
+    pub fn reset(&self) {
+        self.state.send_replace(RegistrationState::Waiting);
     }
 
     /// Follows the kubelet's verdicts.

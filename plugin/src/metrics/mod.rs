@@ -112,6 +112,11 @@ struct EventLabels {
     event: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    device: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Latency buckets for claim operations: 0.5 ms to about 8 s. A durable checkpoint write alone is
@@ -142,6 +147,7 @@ pub struct Metrics {
     nri_event_errors: Family<EventLabels, Counter>,
     pending_updates: Gauge,
     gate_open: Gauge,
+    device_healthy: Family<DeviceLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -172,6 +178,7 @@ impl Metrics {
         let nri_event_errors = Family::<EventLabels, Counter>::default();
         let pending_updates = Gauge::default();
         let gate_open = Gauge::default();
+        let device_healthy = Family::<DeviceLabels, Gauge>::default();
 
         registry.register_with_unit(
             "prepare_duration",
@@ -221,6 +228,11 @@ impl Metrics {
             "1 while the claims API gate is open (runtime connected and synchronized), 0 while it is closed",
             gate_open.clone(),
         );
+        registry.register(
+            "device_healthy",
+            "1 while a device of the inventory is healthy, 0 while its PCI function, driver binding or a device node is gone",
+            device_healthy.clone(),
+        );
 
         Self {
             registry,
@@ -233,6 +245,7 @@ impl Metrics {
             nri_event_errors,
             pending_updates,
             gate_open,
+            device_healthy,
         }
     }
 
@@ -290,6 +303,15 @@ impl Metrics {
     /// Record whether the claims API gate is open.
     pub fn set_gate_open(&self, open: bool) {
         self.gate_open.set(i64::from(open));
+    }
+
+    /// Record whether inventory device `device` is healthy.
+    pub fn set_device_healthy(&self, device: &str, healthy: bool) {
+        self.device_healthy
+            .get_or_create(&DeviceLabels {
+                device: device.to_owned(),
+            })
+            .set(i64::from(healthy));
     }
 
     /// Encode every family in the OpenMetrics text format (what `/metrics` answers).

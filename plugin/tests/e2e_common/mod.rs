@@ -161,6 +161,29 @@ impl TestNode {
         node
     }
 
+    /// The kubelet's plugin registry and plugins directories of this node (in its temp dir).
+    pub fn kubelet_dirs(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.path().join("kubelet/plugins_registry"),
+            self.dir.path().join("kubelet/plugins"),
+        )
+    }
+
+    /// Turns the DRA driver on: driver `accel.nri.io` on node `node`, the kubelet's directories
+    /// of [`TestNode::kubelet_dirs`], the API server of `kubeconfig`.
+    pub fn enable_dra(&self, node: &str, kubeconfig: &Path) {
+        let (registry, plugins) = self.kubelet_dirs();
+        let mut config = std::fs::read_to_string(&self.config).expect("read config");
+        config.push_str(&format!(
+            "dra:\n  enabled: true\n  driver_name: accel.nri.io\n  plugins_registry_dir: {}\n  plugins_dir: {}\n\
+             kubernetes:\n  node_name: {node}\n  kubeconfig: {}\n",
+            registry.display(),
+            plugins.display(),
+            kubeconfig.display()
+        ));
+        std::fs::write(&self.config, config).expect("write config");
+    }
+
     /// Starts the daemon (`nri-accel run`) with `env` added to its environment.
     pub fn spawn(&self, env: &[(&str, &str)]) -> DaemonProc {
         let (mut cmd, log) = self.run_command();

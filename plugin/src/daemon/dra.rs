@@ -1,0 +1,100 @@
+//! The DRA driver's kubelet side as the daemon runs it (`dra.enabled`): the DRA and health
+//! services over the engine, served on the kubelet's sockets, with the registration's verdict in
+//! the `kubelet` member of `status`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::Agent;
+use crate::claims_api::{ClaimRef, ClaimService, DraResult};
+use crate::config::Config;
+use crate::device_health::HealthMonitor;
+use crate::engine::Engine;
+use crate::gate::Gate;
+use crate::kubelet::{
+    ClaimSource, DraDriver, DraDriverConfig, DraService, DraSettings, HealthService, KubeletError,
+    REFRESH, WATCH_EVERY,
+};
+
+/// Why the DRA driver could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DraStartError {
+    /// No node name: the DRA pool is named after the node.
+    #[error(
+        "no node name for the DRA pool: set kubernetes.node_name or $NODE_NAME (a DaemonSet sets it from spec.nodeName)"
+    )]
+    NoNodeName,
+    /// A kubelet socket could not be served.
+    #[error("{0}")]
+    Socket(#[from] KubeletError),
+}
+
+/// The claim source used when no API server client is given: every claim the node does not hold
+/// yet is refused (repeats of held claims are still answered from the node's record).
+pub struct NoApiServer;
+
+#[async_trait]
+impl ClaimSource for NoApiServer {
+    async fn allocation(&self, c: &ClaimRef) -> Result<Vec<DraResult>, String> {
+        Err(format!(
+            "claim {}/{}: this nri-accel has no Kubernetes API server client to read the claim's allocation from",
+            c.namespace, c.name
+        ))
+    }
+}
+
+/// What the DRA driver is built from.
+pub struct DraParts {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// The claims API's view of the engine (its results path prepares the claims).
+    pub claims: Arc<dyn ClaimService>,
+    /// The NRI gate.
+    pub gate: Gate,
+    /// The devices' health.
+    pub health: HealthMonitor,
+    /// Where claims' allocations are read.
+    pub source: Arc<dyn ClaimSource>,
+}
+
+/// Serves the kubelet's DRA plugin sockets as `config.dra` says and adds the registration's
+/// state to `agent`'s status document.
+pub fn start(config: &Config, agent: &Agent, parts: DraParts) -> Result<DraDriver, DraStartError> {
+    let node = config
+        .kubernetes
+        .resolve_node_name()
+        .ok_or(DraStartError::NoNodeName)?;
+    let published = parts.engine.with_node(|n| n.published());
+    let dra = DraService::new(
+        DraSettings {
+            driver: config.dra.driver_name.clone(),
+            pool: node.clone(),
+        },
+        parts.claims,
+        parts.engine,
+        parts.gate,
+        parts.source,
+    );
+    let health = HealthService::new(parts.health, &published, &node, REFRESH);
+    let driver = DraDriver::start(
+        DraDriverConfig {
+            driver: config.dra.driver_name.clone(),
+            registry_dir: config.dra.plugins_registry_dir.clone(),
+            plugins_dir: config.dra.plugins_dir.clone(),
+            watch_every: WATCH_EVERY,
+        },
+        dra,
+        health,
+    )?;
+    let status = driver.status_source();
+    agent.add_status_section(
+        "kubelet",
+        Box::new(move || {
+            let mut dra = serde_json::to_value(status()).unwrap_or_default();
+            dra["pool"] = serde_json::Value::String(node.clone());
+            serde_json::json!({ "dra": dra })
+        }),
+    );
+    Ok(driver)
+}

@@ -1,0 +1,358 @@
+//! A node with the DRA driver's kubelet sockets served in-process over the real engine, a claim
+//! source standing in for the API server, a simulated scheduler that allocates from the names the
+//! node publishes, and the simulated kubelet (kube-sim) that registers the plugin and calls it.
+#![allow(dead_code, missing_docs)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use kube_sim::kubelet::wire::dra::Claim;
+use kube_sim::kubelet::{DraClient, PluginWatcher, RegisteredPlugin};
+use nri_accel::checkpoint::Checkpoint;
+use nri_accel::claims_api::{ClaimRef, DraResult};
+use nri_accel::daemon::{Agent, AgentSettings, ClaimsFacade};
+use nri_accel::device_health::{DeviceHealth, HealthMonitor, HealthReport};
+use nri_accel::engine::Engine;
+use nri_accel::gate::Gate;
+use nri_accel::kubelet::{
+    ClaimSource, DraDriver, DraDriverConfig, DraService, DraSettings, HealthService,
+};
+use nri_accel::metrics::Metrics;
+use policies::{Node, PublishedDevice, PublishedKind, Registry};
+use tokio::sync::{Semaphore, watch};
+
+pub const DRIVER: &str = "accel.nri.io";
+pub const POOL: &str = "node-1";
+pub const CDI_KIND: &str = "accel.nri.io/device";
+/// Guards against a hang only; nothing asserts on how long anything takes.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// What the API server would say about one claim.
+#[derive(Clone, Debug)]
+pub struct StoredClaim {
+    pub uid: String,
+    /// `None`: not allocated yet.
+    pub results: Option<Vec<DraResult>>,
+}
+
+/// The API server's ResourceClaims as the DRA service reads them: keyed by namespace/name,
+/// checked against the UID the kubelet asks for, able to be down and to stall.
+#[derive(Default)]
+pub struct FakeClaims {
+    claims: Mutex<HashMap<(String, String), StoredClaim>>,
+    down: Mutex<bool>,
+    /// When set, every read waits for a permit.
+    stall: Mutex<Option<Arc<Semaphore>>>,
+    pub reads: AtomicUsize,
+}
+
+impl FakeClaims {
+    pub fn put(&self, namespace: &str, name: &str, claim: StoredClaim) {
+        self.claims
+            .lock()
+            .unwrap()
+            .insert((namespace.into(), name.into()), claim);
+    }
+
+    pub fn delete(&self, namespace: &str, name: &str) {
+        self.claims
+            .lock()
+            .unwrap()
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    pub fn set_down(&self, down: bool) {
+        *self.down.lock().unwrap() = down;
+    }
+
+    /// From now on every read waits for a permit of the returned semaphore.
+    pub fn stall(&self) -> Arc<Semaphore> {
+        let s = Arc::new(Semaphore::new(0));
+        *self.stall.lock().unwrap() = Some(s.clone());
+        s
+    }
+
+    pub fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl ClaimSource for FakeClaims {
+    async fn allocation(&self, c: &ClaimRef) -> Result<Vec<DraResult>, String> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let stall = self.stall.lock().unwrap().clone();
+        if let Some(s) = stall {
+            s.acquire().await.expect("stall semaphore").forget();
+        }
+        if *self.down.lock().unwrap() {
+            return Err(format!(
+                "claim {}/{}: the API server cannot be reached: connection refused",
+                c.namespace, c.name
+            ));
+        }
+        let stored = self
+            .claims
+            .lock()
+            .unwrap()
+            .get(&(c.namespace.clone(), c.name.clone()))
+            .cloned();
+        let Some(stored) = stored else {
+            return Err(format!("claim {}/{} does not exist", c.namespace, c.name));
+        };
+        if stored.uid != c.uid {
+            return Err(format!(
+                "claim {}/{} has UID {}, not {}",
+                c.namespace, c.name, stored.uid, c.uid
+            ));
+        }
+        stored
+            .results
+            .ok_or_else(|| format!("claim {}/{} is not allocated", c.namespace, c.name))
+    }
+}
+
+/// A simulated node of four GPUs (demo layout: `whole` gpu0-1 exclusive, `shared` gpu2 four
+/// ways, `mig` gpu3 sliced) with the DRA driver's sockets served in temp dirs.
+pub struct Rig {
+    pub dir: tempfile::TempDir,
+    pub cdi_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub registry: PathBuf,
+    pub plugins: PathBuf,
+    pub engine: Arc<Engine>,
+    pub gate: Gate,
+    pub claims: Arc<FakeClaims>,
+    pub health: watch::Sender<Arc<HealthReport>>,
+    pub published: Vec<PublishedDevice>,
+    pub driver: Option<DraDriver>,
+}
+
+impl Rig {
+    /// The node with the gate open.
+    pub async fn start() -> Rig {
+        let rig = Rig::closed().await;
+        rig.gate.open();
+        rig
+    }
+
+    /// The node with the gate still closed.
+    pub async fn closed() -> Rig {
+        let dir = tempfile::Builder::new().prefix("dra-").tempdir().unwrap();
+        let config = nri_accel::demo::config(dir.path());
+        let found = nri_accel::discovery::discover_root(&config.discovery).unwrap();
+        let inventory = found.inventory.clone();
+        let node = Node::new(found.inventory, &config.pools, &Registry::with_builtins()).unwrap();
+        let published = node.published();
+        std::fs::create_dir_all(&config.state_dir).unwrap();
+        let journal = Checkpoint::load(&config.state_dir.join("checkpoint"), "boot-1").unwrap();
+        let specs =
+            cdi::SpecStore::open(nri_accel::daemon::run::store_config(&config.cdi)).unwrap();
+        let (engine, _) = Engine::start(node, journal, specs, None).unwrap();
+        let engine = Arc::new(engine);
+        let agent = Arc::new(Agent::new(
+            engine.clone(),
+            AgentSettings {
+                cdi_kind: CDI_KIND.into(),
+                annotation_prefix: "accel.nri.io".into(),
+                manage_shared_cpus: true,
+            },
+        ));
+        let gate = Gate::new();
+        let claims = Arc::new(FakeClaims::default());
+        let facade = Arc::new(ClaimsFacade::new(agent, Arc::new(Metrics::new())));
+        let dra = DraService::new(
+            DraSettings {
+                driver: DRIVER.into(),
+                pool: POOL.into(),
+            },
+            facade,
+            engine.clone(),
+            gate.clone(),
+            claims.clone(),
+        );
+        let (monitor, health) = HealthMonitor::fixed(HealthReport::all_healthy(&inventory));
+        let health_service =
+            HealthService::new(monitor, &published, POOL, Duration::from_secs(3600));
+        let registry = dir.path().join("plugins_registry");
+        let plugins = dir.path().join("plugins");
+        let driver = DraDriver::start(
+            DraDriverConfig {
+                driver: DRIVER.into(),
+                registry_dir: registry.clone(),
+                plugins_dir: plugins.clone(),
+                watch_every: Duration::from_millis(50),
+            },
+            dra,
+            health_service,
+        )
+        .unwrap();
+        Rig {
+            cdi_dir: config.cdi.dir.clone(),
+            state_dir: config.state_dir.clone(),
+            registry,
+            plugins,
+            dir,
+            engine,
+            gate,
+            claims,
+            health,
+            published,
+            driver: Some(driver),
+        }
+    }
+
+    pub fn driver(&self) -> &DraDriver {
+        self.driver.as_ref().unwrap()
+    }
+
+    pub fn endpoint(&self) -> PathBuf {
+        self.plugins.join(DRIVER).join("dra.sock")
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry.join(format!("{DRIVER}-reg.sock"))
+    }
+
+    /// A kubelet of 1.34+ that has registered the plugin, and its DRA client.
+    pub async fn kubelet(&self) -> (PluginWatcher, RegisteredPlugin, DraClient) {
+        let mut kubelet = PluginWatcher::new(&self.registry);
+        let plugin = kubelet.wait_for(DRIVER, WAIT).await.expect("registered");
+        let client = DraClient::for_plugin(&plugin).await.expect("DRA client");
+        (kubelet, plugin, client)
+    }
+
+    /// Published names of `device_id`, whole first.
+    pub fn names_of(&self, device_id: &str) -> Vec<&PublishedDevice> {
+        let mut v: Vec<&PublishedDevice> = self
+            .published
+            .iter()
+            .filter(|p| p.device_id == device_id)
+            .collect();
+        v.sort_by_key(|p| p.kind != PublishedKind::Whole);
+        v
+    }
+
+    /// The simulated scheduler: allocates `devices` (published names) to claim `name` in
+    /// namespace `default` with UID `uid`, as the API server then stores it.
+    pub fn allocate(&self, uid: &str, name: &str, devices: &[&str]) -> Claim {
+        let results = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let p = self
+                    .published
+                    .iter()
+                    .find(|p| p.name == *d)
+                    .unwrap_or_else(|| panic!("{d} is not published"));
+                DraResult {
+                    request: format!("req-{i}"),
+                    driver: DRIVER.into(),
+                    pool: POOL.into(),
+                    device: p.name.clone(),
+                    share_id: (p.kind == PublishedKind::Shareable)
+                        .then(|| format!("share-{uid}-{i}")),
+                }
+            })
+            .collect();
+        self.store(uid, name, Some(results))
+    }
+
+    /// Stores a claim with exactly these results (or none: not allocated).
+    pub fn store(&self, uid: &str, name: &str, results: Option<Vec<DraResult>>) -> Claim {
+        self.claims.put(
+            "default",
+            name,
+            StoredClaim {
+                uid: uid.into(),
+                results,
+            },
+        );
+        claim(uid, name)
+    }
+
+    /// Makes a device unhealthy (or healthy again) in the health monitor's report.
+    pub fn set_health(&self, device_id: &str, healthy: bool, reason: &str) {
+        self.health.send_modify(|r| {
+            let mut next = (**r).clone();
+            next.devices.insert(
+                device_id.into(),
+                DeviceHealth {
+                    healthy,
+                    reason: reason.into(),
+                },
+            );
+            next.checked_at = SystemTime::now();
+            *r = Arc::new(next);
+        });
+    }
+
+    /// Claim UIDs with a spec file.
+    pub fn spec_uids(&self) -> Vec<String> {
+        let store = cdi::SpecStore::open(cdi::StoreConfig {
+            dir: self.cdi_dir.clone(),
+            vendor: "accel.nri.io".into(),
+            class: "device".into(),
+            format: cdi::SpecFormat::Yaml,
+        })
+        .unwrap();
+        let mut v = store.list().unwrap();
+        v.sort();
+        v
+    }
+
+    /// Claim UIDs the engine holds.
+    pub fn held(&self) -> Vec<String> {
+        self.engine
+            .claims()
+            .into_iter()
+            .map(|(a, _)| a.claim_uid)
+            .collect()
+    }
+
+    pub async fn shutdown(mut self) -> tempfile::TempDir {
+        if let Some(d) = self.driver.take() {
+            d.shutdown().await;
+        }
+        self.dir
+    }
+}
+
+/// The kubelet's identity of a claim in namespace `default`.
+pub fn claim(uid: &str, name: &str) -> Claim {
+    Claim {
+        namespace: "default".into(),
+        uid: uid.into(),
+        name: name.into(),
+    }
+}
+
+/// The CDI IDs of a prepared claim's answer, by device.
+pub fn cdi_ids(
+    answer: &BTreeMap<String, kube_sim::kubelet::PreparedClaim>,
+    uid: &str,
+) -> Vec<String> {
+    match answer.get(uid) {
+        Some(Ok(devices)) => devices
+            .iter()
+            .flat_map(|d| d.cdi_device_ids.clone())
+            .collect(),
+        other => panic!("claim {uid} not prepared: {other:?}"),
+    }
+}
+
+/// The error answered for a claim.
+pub fn error_of(answer: &BTreeMap<String, kube_sim::kubelet::PreparedClaim>, uid: &str) -> String {
+    match answer.get(uid) {
+        Some(Err(e)) => e.clone(),
+        other => panic!("claim {uid} should have failed: {other:?}"),
+    }
+}
+
+pub fn exists(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok()
+}
