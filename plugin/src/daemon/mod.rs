@@ -4,7 +4,9 @@ pub mod agent;
 pub mod annotations;
 pub mod containers;
 
-pub use agent::{Agent, AgentSettings, ContainerGrant, Injection, annotation_claim_uid};
+pub use agent::{
+    Agent, AgentSettings, ContainerGrant, Injection, StatusSection, annotation_claim_uid,
+};
 pub use containers::{ContainerView, claim_of_cdi_name};
 pub mod nri;
 pub mod run;

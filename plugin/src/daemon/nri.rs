@@ -260,6 +260,8 @@ impl Plugin for NriPlugin {
             .collect();
         let started = std::time::Instant::now();
         let updates = self.agent.synchronize(&views).await;
+        let pod_uids = pods.iter().map(|p| p.uid.clone()).collect();
+        self.agent.pods_present(&pod_uids).await;
         self.metrics
             .record_nri_event("Synchronize", started.elapsed(), false);
         tracing::info!(

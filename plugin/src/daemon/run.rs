@@ -84,6 +84,7 @@ pub struct Daemon {
     report: StartupReport,
     nri_ended: tokio::sync::watch::Receiver<bool>,
     device_health: HealthMonitor,
+    device_plugins: Option<Arc<crate::kubelet::device_plugin::DevicePlugins>>,
     _lock: NodeLockGuard,
 }
 
@@ -282,6 +283,21 @@ impl Daemon {
                 monitor
             }
         };
+        let device_plugins = config.device_plugin.enabled.then(|| {
+            let plugins = crate::kubelet::device_plugin::DevicePlugins::start(
+                &config.device_plugin,
+                &config.pools,
+                engine.clone(),
+                gate.clone(),
+                device_health.clone(),
+            );
+            let p = plugins.clone();
+            agent.add_status_section(
+                "device_plugins",
+                Arc::new(move || serde_json::to_value(p.status()).unwrap_or_default()),
+            );
+            plugins
+        });
         refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
@@ -295,6 +311,7 @@ impl Daemon {
             report,
             nri_ended,
             device_health,
+            device_plugins,
             _lock: guard,
         })
     }
@@ -324,6 +341,11 @@ impl Daemon {
         &self.device_health
     }
 
+    /// The kubelet device plugins, when `device_plugin.enabled`.
+    pub fn device_plugins(&self) -> Option<&Arc<crate::kubelet::device_plugin::DevicePlugins>> {
+        self.device_plugins.as_ref()
+    }
+
     /// What startup reconciled.
     pub fn startup_report(&self) -> &StartupReport {
         &self.report
@@ -350,6 +372,9 @@ impl Daemon {
                 .is_err()
         {
             tracing::warn!("the NRI connection did not close within 3 s");
+        }
+        if let Some(p) = self.device_plugins.take() {
+            p.shutdown().await;
         }
         if let Some(c) = self.claims.take()
             && let Err(e) = c.shutdown().await

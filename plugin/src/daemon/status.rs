@@ -67,6 +67,8 @@ struct Document<'a, C: Serialize> {
     claims: C,
     containers: &'a BTreeMap<String, BTreeSet<String>>,
     pending_updates: usize,
+    #[serde(flatten)]
+    sections: &'a BTreeMap<String, serde_json::Value>,
 }
 
 /// What the document is made of, gathered before the claims are walked.
@@ -79,6 +81,8 @@ pub struct StatusParts {
     pub containers: BTreeMap<String, BTreeSet<String>>,
     /// Container updates waiting to reach the runtime.
     pub pending_updates: usize,
+    /// More top-level parts by name (e.g. `device_plugins`), from the services that add them.
+    pub sections: BTreeMap<String, serde_json::Value>,
 }
 
 /// Writes the document with `claims` (the engine's committed claims, borrowed under its lock).
@@ -103,6 +107,7 @@ pub fn render<'b>(
         },
         containers: &parts.containers,
         pending_updates: parts.pending_updates,
+        sections: &parts.sections,
     };
     // Every part serializes to JSON without failing (string keys, no non-finite floats).
     serde_json::to_string(&doc).unwrap_or_else(|e| {
@@ -148,6 +153,10 @@ mod tests {
                 ("c2".to_string(), BTreeSet::from(["a".to_string()])),
             ]),
             pending_updates: 3,
+            sections: BTreeMap::from([(
+                "device_plugins".to_string(),
+                serde_json::json!({"resources": []}),
+            )]),
         };
         let (a, b) = (allocation("a", "4"), allocation("b", ""));
         let annotation = Origin::Annotation {
@@ -158,6 +167,7 @@ mod tests {
             serde_json::from_str(&render(&parts, claims.into_iter())).unwrap();
         assert_eq!(doc["gate"]["open"], true);
         assert_eq!(doc["pending_updates"], 3);
+        assert_eq!(doc["device_plugins"]["resources"], serde_json::json!([]));
         assert_eq!(doc["policy"]["unpooled"][0], "g9");
         assert_eq!(doc["containers"]["c2"][0], "a");
         let claims = doc["claims"].as_array().unwrap();

@@ -16,6 +16,7 @@
 
 mod claim_locks;
 mod crash;
+mod device_plugin;
 mod edits;
 mod error;
 mod pending;
@@ -32,10 +33,11 @@ use crate::checkpoint::{Change, Checkpoint};
 
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
+pub use device_plugin::DevicePluginClaim;
 pub use error::EngineError;
 pub use pending::UpdateSink;
 pub use reconcile::{Plan, plan};
-pub use record::{ClaimRecord, Origin, PendingUpdate};
+pub use record::{ClaimRecord, DevicePluginUser, Origin, PendingUpdate};
 
 /// The checkpoint as the engine uses it.
 pub type Journal = Checkpoint<ClaimRecord, PendingUpdate>;
@@ -478,9 +480,17 @@ impl Engine {
     }
 
     /// A container was removed: the claims that lived with it (annotation and
-    /// adopted claims) are released.
+    /// adopted claims, and device plugin claims no other container uses) are released.
     pub async fn container_removed(&self, container_id: &str) -> Result<(), EngineError> {
-        let _ = self.state().node.container_removed(container_id);
+        let unused = {
+            let mut st = self.state();
+            let used = st.node.claims_of(container_id).map(<[_]>::to_vec);
+            let _ = st.node.container_removed(container_id);
+            device_plugin::left_unused(&st, &used.unwrap_or_default())
+        };
+        for uid in unused {
+            self.unprepare(&uid).await?;
+        }
         let owned: Vec<String> = self
             .state()
             .origins

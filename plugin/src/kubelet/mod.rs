@@ -8,6 +8,7 @@
 //! kubelet's own socket.
 
 mod channel;
+pub mod device_plugin;
 mod error;
 mod registration;
 mod socket;
