@@ -2,12 +2,17 @@
 //! directory, and a DRA client that calls a driver's socket the way the kubelet does.
 
 mod call;
+mod deviceplugin;
+pub mod deviceplugin_wire;
 mod dra;
 mod error;
 mod registration;
 pub mod wire;
 
 pub use call::GrpcCaller;
+pub use deviceplugin::{
+    DevicePluginClient, DevicePluginKubelet, ListedDevice, RegisteredDevicePlugin,
+};
 pub use dra::{DraApi, DraClient, PreparedClaim};
 pub use error::SimError;
 pub use registration::{PluginWatcher, RegisteredPlugin};
