@@ -152,8 +152,17 @@ impl std::fmt::Display for Unit {
             Unit::Slice {
                 profile,
                 start,
+                size: 0 | 1,
+            } => write!(f, "a {profile} slice at slot {start}"),
+            Unit::Slice {
+                profile,
+                start,
                 size,
-            } => write!(f, "a {profile} slice at slot {start} ({size} slots)"),
+            } => write!(
+                f,
+                "a {profile} slice at slots {start} to {}",
+                start.saturating_add(size - 1)
+            ),
         }
     }
 }

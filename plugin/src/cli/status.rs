@@ -82,7 +82,7 @@ pub fn render(doc: &Value) -> String {
     let claims = doc["claims"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(
         out,
-        "\n{:<40} {:<12} {:<28} containers",
+        "\n{:<40} {:<14} {:<28} containers",
         "CLAIM", "ORIGIN", "DEVICES"
     );
     for c in &claims {
@@ -100,7 +100,7 @@ pub fn render(doc: &Value) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<40} {:<12} {:<28} {}",
+            "{:<40} {:<14} {:<28} {}",
             s(&c["uid"]),
             s(&c["origin"]["kind"]),
             devices.join(","),

@@ -96,9 +96,13 @@ pub fn list(
                         overlaps(&hold.unit, &a.unit) && !(hold.ours && hold.unit == a.unit)
                     })
                     .map(|hold| {
+                        let what = match hold.unit {
+                            Unit::Whole => format!("device {}", a.device_id),
+                            ref part => format!("{part} of device {}", a.device_id),
+                        };
                         format!(
-                            "{} of device {} is held by claim {}, granted outside this resource",
-                            hold.unit, a.device_id, hold.claim
+                            "{what} is held by claim {}, granted outside this resource",
+                            hold.claim
                         )
                     })
             };
