@@ -351,3 +351,22 @@ fn device_plugin_layouts_and_names_are_checked_naming_the_pool() {
     let e = err(&format!("{SLICED_POOLS}device_plugin:\n  unknown: 1\n"));
     assert!(matches!(e, ConfigError::Syntax { .. }), "{e:?}");
 }
+
+#[test]
+fn the_device_plugin_daemonset_config_is_valid() {
+    let manifest = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../packaging/kubernetes/nri-accel-device-plugin.yaml"),
+    )
+    .unwrap();
+    let text: String = manifest
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("config.yaml: |"))
+        .skip(1)
+        .take_while(|l| *l != "---")
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let cfg = Config::from_yaml(&text, "daemonset").unwrap();
+    assert!(cfg.device_plugin.enabled);
+    assert_eq!(cfg.discovery.root, PathBuf::from("/host"));
+}

@@ -159,3 +159,38 @@ pub const PRE_START: &str = "/v1beta1.DevicePlugin/PreStartContainer";
 pub const VERSION: &str = "v1beta1";
 pub const HEALTHY: &str = "Healthy";
 pub const UNHEALTHY: &str = "Unhealthy";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn field_numbers_are_the_kubelets() {
+        // cdi_devices = 5 (length-delimited: tag byte 0x2a), name = 1.
+        let r = ContainerAllocateResponse {
+            cdi_devices: vec![CdiDevice { name: "x".into() }],
+            ..Default::default()
+        };
+        assert_eq!(r.encode_to_vec(), [0x2a, 3, 0x0a, 1, b'x']);
+        // allocation_size = 3 (varint: 0x18), must_include_deviceIDs = 2 (0x12).
+        let p = ContainerPreferredAllocationRequest {
+            available_device_ids: vec![],
+            must_include_device_ids: vec!["m".into()],
+            allocation_size: 2,
+        };
+        assert_eq!(p.encode_to_vec(), [0x12, 1, b'm', 0x18, 2]);
+        // Device: ID = 1, health = 2, topology = 3 { nodes = 1 { ID = 1 } }.
+        let d = Device {
+            id: "g".into(),
+            health: "H".into(),
+            topology: Some(TopologyInfo {
+                nodes: vec![NumaNode { id: 1 }],
+            }),
+        };
+        assert_eq!(
+            d.encode_to_vec(),
+            [0x0a, 1, b'g', 0x12, 1, b'H', 0x1a, 4, 0x0a, 2, 0x08, 1]
+        );
+    }
+}

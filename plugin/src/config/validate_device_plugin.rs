@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use policies::{FamilyConfig, PoolConfig};
+use policies::FamilyConfig;
 
 use super::Config;
 use super::spans::Step::{self, Index, Key};
@@ -90,7 +90,7 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             return fail(path, format!("slice layout of pool {pool_name:?}: {why}"));
         }
     }
-    for pool in served(cfg) {
+    for pool in layout::served(dp, &cfg.pools) {
         for name in layout::resource_names(dp, pool) {
             if !resource_name_ok(&name) {
                 fail(
@@ -104,15 +104,4 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
         }
     }
     Ok(())
-}
-
-/// The pools the device plugins serve.
-fn served(cfg: &Config) -> impl Iterator<Item = &PoolConfig> {
-    cfg.pools.iter().filter(|p| {
-        if cfg.device_plugin.pools.is_empty() {
-            !matches!(p.family, FamilyConfig::Custom { .. })
-        } else {
-            cfg.device_plugin.pools.contains(&p.name)
-        }
-    })
 }

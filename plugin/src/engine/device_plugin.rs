@@ -29,11 +29,22 @@ pub struct DevicePluginClaim {
     pub users: Vec<String>,
 }
 
-/// Device plugin claims among `used` (the claims a removed container had) that no container
-/// uses any more.
-pub(super) fn left_unused(st: &State, used: &[String]) -> Vec<String> {
-    used.iter()
-        .filter(|uid| matches!(st.origins.get(*uid), Some(Origin::DevicePlugin { .. })))
+/// Device plugin claims that removed container `container_id` used (`used`, the claims the node
+/// knew it with, plus those recording it as their first user: after a restart the runtime does
+/// not report exited containers) and that no container uses any more.
+pub(super) fn left_unused(st: &State, container_id: &str, used: &[String]) -> Vec<String> {
+    st.origins
+        .iter()
+        .filter(|(uid, origin)| match origin {
+            Origin::DevicePlugin { user, .. } => {
+                used.contains(uid)
+                    || user
+                        .as_ref()
+                        .is_some_and(|u| u.container_id == container_id)
+            }
+            _ => false,
+        })
+        .map(|(uid, _)| uid)
         .filter(|uid| st.node.users_of(uid).next().is_none())
         .cloned()
         .collect()

@@ -486,7 +486,7 @@ impl Engine {
             let mut st = self.state();
             let used = st.node.claims_of(container_id).map(<[_]>::to_vec);
             let _ = st.node.container_removed(container_id);
-            device_plugin::left_unused(&st, &used.unwrap_or_default())
+            device_plugin::left_unused(&st, container_id, &used.unwrap_or_default())
         };
         for uid in unused {
             self.unprepare(&uid).await?;

@@ -36,6 +36,9 @@ pub const WATCH_EVERY: Duration = Duration::from_millis(500);
 /// through other doors change what the kubelet may hand out).
 pub const LISTING_RECHECK: Duration = Duration::from_secs(1);
 
+/// The longest device ID the kubelet's API documents.
+const MAX_ID_LEN: usize = 63;
+
 /// How long a registration call may take.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -99,6 +102,12 @@ impl DevicePlugins {
         health: HealthMonitor,
     ) -> Arc<DevicePlugins> {
         let resources = engine.with_node(|n| layout::plan(cfg, pools, n));
+        for r in &resources {
+            if let Some(long) = r.devices.iter().find(|a| a.id.len() > MAX_ID_LEN) {
+                tracing::warn!(resource = %r.name, device = %long.id,
+                    "device IDs longer than {MAX_ID_LEN} characters may be refused by the kubelet; give the device a shorter id");
+            }
+        }
         let registrations = resources
             .iter()
             .map(|_| watch::channel(Registration::WaitingForGate).0)
