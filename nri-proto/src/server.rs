@@ -10,8 +10,12 @@
 //! `match`, and a finished answer goes straight to the socket. Handlers borrow their request, and
 //! the request is freed only after the answer is written: freeing a decoded request (a String per
 //! field, a map per label set) is work the runtime need not wait for.
+//!
+//! A handler that panics answers its own request with INTERNAL (logged with the method); the
+//! panic is caught per request, so the connection and the handlers running beside it go on.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -214,10 +218,37 @@ fn dispatch<S: Rpc>(service: &Arc<S>, header: MessageHeader, body: Body) -> Opti
                 )),
                 None,
             ),
-            Ok(env) => run(&*service, env).await,
+            Ok(env) => {
+                let method = env.method;
+                // A panic answers only this request: the connection, and the handlers running
+                // beside it, go on. The request being decoded or handled is dropped with it.
+                match AssertUnwindSafe(run(&*service, env)).catch_unwind().await {
+                    Ok(done) => done,
+                    Err(panic) => (Err(panicked(method, sid, &*panic)), None),
+                }
+            }
         };
         (sid, encode_response(result), (buf, request))
     }))
+}
+
+/// The status a panicking handler answers with (INTERNAL), logged with the method.
+fn panicked(method: &str, stream_id: u32, panic: &(dyn std::any::Any + Send)) -> Status {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("no message");
+    tracing::error!(
+        method,
+        stream_id,
+        panic = what,
+        "NRI handler panicked; answering this request with an internal error"
+    );
+    ttrpc::get_status(
+        Code::INTERNAL,
+        format!("{method} failed: the plugin hit an internal error ({what})"),
+    )
 }
 
 /// Runs one request under its deadline (`timeout_nano`; a handler past it is stopped).

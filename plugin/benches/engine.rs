@@ -4,7 +4,10 @@
 //!   real checkpoint and real CDI specs in a temp dir on the same file system);
 //! - throughput with 64 concurrent callers: filling to 10,000 claims on a shared pool, and
 //!   prepare + unprepare cycles on 64 distinct whole devices;
-//! - startup with 10,000 records (checkpoint open + spec store open + `Engine::start`).
+//! - startup with 10,000 records (checkpoint open + spec store open + `Engine::start`);
+//! - a Synchronize after the checkpoint was lost: 256 running containers on 64 shared devices
+//!   without records, all adopted before the answer (256 records, 256 specs), then the release
+//!   of all of them when the runtime comes back without them (after the answer).
 //!
 //! Run: `cargo bench -p nri-accel --bench engine`. Files go under `ENGINE_BENCH_DIR` if set, else
 //! the target dir (a real disk, not tmpfs). `ENGINE_BENCH_SAMPLES` (200), `ENGINE_BENCH_CLAIMS`
@@ -234,6 +237,40 @@ async fn cycles(secs: u64) -> (f64, f64, Vec<Duration>) {
     (prep.len() as f64 / el, prep.len() as f64 / el, prep)
 }
 
+/// A Synchronize that adopts `n` containers (4 per shared device) and answers, then the release
+/// of all of them after the next (empty) Synchronize: (time to answer, time to release).
+async fn adoption(n: u32) -> (Duration, Duration) {
+    use nri_accel::daemon::{Agent, AgentSettings, ContainerView};
+    let d = dirs();
+    let agent = Agent::new(
+        Arc::new(open(&d, node(64, shared()))),
+        AgentSettings {
+            cdi_kind: "accel.nri.io/device".into(),
+            annotation_prefix: "accel.nri.io".into(),
+            manage_shared_cpus: false,
+        },
+    );
+    let views: Vec<ContainerView> = (0..n)
+        .map(|i| ContainerView {
+            id: format!("running-{i:04}"),
+            name: "app".into(),
+            device_nodes: vec![(195, i % 64)],
+            ..ContainerView::default()
+        })
+        .collect();
+    let t = Instant::now();
+    let synced = agent.synchronize(&views).await;
+    let answer = t.elapsed();
+    assert!(synced.gone.is_empty());
+    assert_eq!(agent.engine().claims().len(), n as usize);
+    let synced = agent.synchronize(&[]).await;
+    let t = Instant::now();
+    agent.release_gone(&synced.gone).await;
+    let release = t.elapsed();
+    assert!(agent.engine().claims().is_empty());
+    (answer, release)
+}
+
 fn main() {
     let samples = env_usize("ENGINE_BENCH_SAMPLES", 200);
     let claims = env_usize("ENGINE_BENCH_CLAIMS", 10_000);
@@ -274,6 +311,14 @@ fn main() {
             assert_eq!(e.claims().len(), claims);
         }
         println!("startup with {claims} records (checkpoint + specs + Engine::start): {}", pct(starts));
+        let (mut answers, mut releases) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let (a, r) = adoption(256).await;
+            answers.push(a);
+            releases.push(r);
+        }
+        println!("Synchronize adopting 256 containers on 64 shared devices, to the answer: {}", pct(answers));
+        println!("releasing those 256 adopted claims after the answer: {}", pct(releases));
         let (rate, _, prep) = cycles(secs).await;
         println!(
             "64 callers on 64 whole devices, prepare+unprepare cycles for {secs} s: {rate:.0} prepared claims/s; prepare {}",

@@ -157,3 +157,188 @@ async fn requests_nothing_downstream_models_fail_the_creation_and_write_nothing(
     assert!(agent.engine().claims().is_empty());
     assert!(spec_uids(&d).is_empty());
 }
+
+/// An agent over a node with two whole GPUs (gpu0, gpu1, pool `gpus`) and two GPUs shared three
+/// ways (gpu2, gpu3, pool `shared`).
+fn mixed_agent(d: &Dirs) -> Agent {
+    use policies::{DeviceSelector, FamilyConfig, PoolConfig, Registry};
+    let ids = |v: &[&str]| DeviceSelector {
+        ids: v.iter().map(|s| s.to_string()).collect(),
+        ..DeviceSelector::default()
+    };
+    let pools = vec![
+        PoolConfig {
+            name: "gpus".into(),
+            select: ids(&["gpu0", "gpu1"]),
+            family: FamilyConfig::Exclusive,
+            cpus_per_device: 0,
+        },
+        PoolConfig {
+            name: "shared".into(),
+            select: ids(&["gpu2", "gpu3"]),
+            family: FamilyConfig::Shared {
+                replicas: 3,
+                memory_mib_per_share: 0,
+                compute_percent_per_share: 0,
+            },
+            cpus_per_device: 0,
+        },
+    ];
+    let node = policies::Node::new(inventory(4), &pools, &Registry::with_builtins()).unwrap();
+    let (journal, _) =
+        nri_accel::checkpoint::Checkpoint::open(&d.state.join("checkpoint"), BOOT).unwrap();
+    let (engine, _) = nri_accel::engine::Engine::start(node, journal, store(d), None).unwrap();
+    Agent::new(
+        Arc::new(engine),
+        AgentSettings {
+            cdi_kind: "accel.nri.io/device".into(),
+            annotation_prefix: "accel.nri.io".into(),
+            manage_shared_cpus: false,
+        },
+    )
+}
+
+/// Units of `device` held, by claim.
+fn holders(agent: &Agent, device: &str) -> Vec<String> {
+    agent.engine().with_node(|n| n.holder_of(device))
+}
+
+#[tokio::test]
+async fn two_and_three_containers_on_one_adopted_device_hold_it_until_the_last_goes() {
+    for n in [2usize, 3] {
+        let d = dirs();
+        let agent = agent(&d, 0);
+        let ids: Vec<String> = (1..=n).map(|i| format!("c-{i}")).collect();
+        let views: Vec<ContainerView> = ids
+            .iter()
+            .map(|id| view(id, "app", &[], &[(195, 1)]))
+            .collect();
+        agent.synchronize(&views).await;
+        let held = holders(&agent, "gpu1");
+        assert_eq!(held.len(), 1, "{n} containers: one adopted claim, {held:?}");
+        let engine = agent.engine().clone();
+        for (i, id) in ids.iter().enumerate() {
+            assert!(
+                engine.prepare(claim_for("thief", "gpu1")).await.is_err(),
+                "{n} containers, {i} removed: gpu1 must stay held"
+            );
+            agent.remove_container(id).await.unwrap();
+            let still = holders(&agent, "gpu1");
+            if i + 1 < n {
+                assert_eq!(still, held, "{n} containers: released after {id} went");
+                // The claim is handed to a container that still runs, durably.
+                let owner = engine
+                    .origin_of(&held[0])
+                    .and_then(|o| o.container().map(str::to_string));
+                assert!(
+                    owner.as_ref().is_some_and(|o| ids[i + 1..].contains(o)),
+                    "owner {owner:?} after {id} went"
+                );
+            } else {
+                assert!(still.is_empty(), "{n} containers: released after the last");
+            }
+        }
+        engine.prepare(claim_for("next", "gpu1")).await.unwrap();
+        assert_eq!(spec_uids(&d), vec!["next".to_string()]);
+    }
+}
+
+#[tokio::test]
+async fn a_handed_over_claim_survives_a_restart_and_is_released_when_its_last_user_is_gone() {
+    let d = dirs();
+    {
+        let agent = agent(&d, 0);
+        let views: Vec<ContainerView> = ["c-1", "c-2", "c-3"]
+            .iter()
+            .map(|id| view(id, "app", &[], &[(195, 1)]))
+            .collect();
+        agent.synchronize(&views).await;
+        agent.remove_container("c-1").await.unwrap();
+        assert_eq!(holders(&agent, "gpu1").len(), 1);
+    }
+    // A restart: the record names its new owner, and the runtime still runs c-2 and c-3.
+    let agent = agent(&d, 0);
+    assert_eq!(holders(&agent, "gpu1").len(), 1);
+    let remaining: Vec<ContainerView> = ["c-2", "c-3"]
+        .iter()
+        .map(|id| view(id, "app", &[], &[(195, 1)]))
+        .collect();
+    let synced = agent.synchronize(&remaining).await;
+    agent.release_gone(&synced.gone).await;
+    assert_eq!(
+        holders(&agent, "gpu1").len(),
+        1,
+        "no second adoption, no release"
+    );
+    // The runtime comes back with c-3 only (c-2 went while nri-accel was away): still held.
+    let synced = agent.synchronize(&remaining[1..]).await;
+    agent.release_gone(&synced.gone).await;
+    assert_eq!(holders(&agent, "gpu1").len(), 1);
+    // And with none: released.
+    let synced = agent.synchronize(&[]).await;
+    agent.release_gone(&synced.gone).await;
+    assert!(holders(&agent, "gpu1").is_empty());
+    assert!(agent.engine().claims().is_empty());
+    assert!(spec_uids(&d).is_empty());
+}
+
+#[tokio::test]
+async fn k_containers_on_a_shared_device_each_hold_a_share() {
+    // Three shares per device; four containers leave one counted with the holders.
+    for k in [1usize, 2, 3, 4] {
+        let d = dirs();
+        let agent = mixed_agent(&d);
+        let ids: Vec<String> = (1..=k).map(|i| format!("s-{i}")).collect();
+        // /dev/nvidia2 (195:2) is gpu2, a shared device.
+        let views: Vec<ContainerView> = ids
+            .iter()
+            .map(|id| view(id, "app", &[], &[(195, 2)]))
+            .collect();
+        agent.synchronize(&views).await;
+        let held = holders(&agent, "gpu2").len();
+        assert_eq!(held, k.min(3), "{k} containers on a 3-share device");
+        // A later Synchronize adopts nothing more.
+        agent.synchronize(&views).await;
+        assert_eq!(holders(&agent, "gpu2").len(), k.min(3));
+        // Each container that goes gives back at most its own share, and the device keeps one
+        // share per container still running (up to what it has).
+        for (i, id) in ids.iter().enumerate() {
+            agent.remove_container(id).await.unwrap();
+            let running = k - i - 1;
+            assert_eq!(
+                holders(&agent, "gpu2").len(),
+                running.min(3),
+                "{k} containers, {id} removed"
+            );
+        }
+        assert!(agent.engine().claims().is_empty(), "{k}");
+    }
+}
+
+#[tokio::test]
+async fn the_claims_of_containers_gone_while_away_are_released_after_the_answer() {
+    let d = dirs();
+    let agent = agent(&d, 2);
+    agent.engine().container_started("bystander", &[]);
+    let ann = view(
+        "c-ann",
+        "app",
+        &[("accel.nri.io/container.app", "count=1,family=exclusive")],
+        &[],
+    );
+    agent.create_container(&ann, Injection::Cdi).await.unwrap();
+    assert_eq!(agent.engine().claims().len(), 1);
+    // The runtime comes back without c-ann: the answer is computed first, the release follows.
+    let synced = agent.synchronize(&[view("bystander", "b", &[], &[])]).await;
+    assert_eq!(synced.gone, vec!["c-ann".to_string()]);
+    assert_eq!(
+        agent.engine().claims().len(),
+        1,
+        "not released before the answer"
+    );
+    agent.release_gone(&synced.gone).await;
+    assert!(agent.engine().claims().is_empty());
+    assert!(spec_uids(&d).is_empty());
+    // The bystander gets its CPUs back through a pending update.
+    assert_eq!(agent.engine().pending_updates(), 1);
+}

@@ -12,16 +12,6 @@ use nri_proto::api::Event;
 
 const KEY: &str = "accel.nri.io/container.app";
 
-async fn start(node: &TestNode, config: RuntimeConfig) -> (FakeRuntime, DaemonProc) {
-    let fake = FakeRuntime::start_with(&node.nri_socket, config)
-        .await
-        .expect("fake runtime");
-    let daemon = node.spawn(&[]);
-    fake.wait_synchronized(1, WAIT).await.expect("synchronized");
-    node.client_gate_open().await;
-    (fake, daemon)
-}
-
 fn last_adjustment(fake: &FakeRuntime, id: &str) -> nri_proto::api::ContainerAdjustment {
     fake.adjustments()
         .into_iter()
@@ -34,7 +24,7 @@ fn last_adjustment(fake: &FakeRuntime, id: &str) -> nri_proto::api::ContainerAdj
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn annotation_grant_as_device_nodes_then_released_on_remove() {
     let node = TestNode::new(Shape::default(), "");
-    let (fake, _daemon) = start(&node, RuntimeConfig::default()).await;
+    let (fake, _daemon) = start_with(&node, RuntimeConfig::default()).await;
 
     let p = pod("notebook", &[(KEY, "count=1,family=exclusive")]);
     fake.add_pod(p.clone());
@@ -111,7 +101,7 @@ async fn annotation_grant_as_cdi_names_on_a_runtime_that_honours_them() {
         runtime_version: "v2.1.0".into(),
         ..RuntimeConfig::default()
     };
-    let (fake, _daemon) = start(&node, config).await;
+    let (fake, _daemon) = start_with(&node, config).await;
 
     let p = pod("share", &[(KEY, "count=1,family=shared")]);
     fake.add_pod(p.clone());
@@ -149,7 +139,7 @@ async fn annotation_grant_as_cdi_names_on_a_runtime_that_honours_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_annotation_requests_fail_the_creation_and_write_nothing() {
     let node = TestNode::new(Shape::default(), "");
-    let (fake, _daemon) = start(&node, RuntimeConfig::default()).await;
+    let (fake, _daemon) = start_with(&node, RuntimeConfig::default()).await;
 
     // Two vendors in one pod.
     let p = pod(

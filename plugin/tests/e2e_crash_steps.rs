@@ -1,11 +1,11 @@
 //! End to end, crashes at named steps through the real binary: `NRI_ACCEL_TEST_CRASH_AT=<step>`
 //! makes the daemon abort there; started again without it, the node is consistent (records and
 //! specs agree, no temp file left, no unit held twice), the claim is prepared exactly when its
-//! spec was in place, and the retried call succeeds.
+//! spec was in place, and the retried call succeeds. The NRI side's release paths (RemoveContainer
+//! of an annotation container, the claims of a container found gone at Synchronize) die at every
+//! release step too, with the runtime speaking as NRI before v0.12.1.
 
 mod e2e_common;
-
-use std::os::unix::process::ExitStatusExt;
 
 use e2e_common::*;
 use nri_accel::claims_api::{ClaimsClient, Family};
@@ -30,15 +30,9 @@ async fn consistent(node: &TestNode, client: &ClaimsClient) -> Vec<String> {
         node.cdi_entries()
     );
     assert_no_unit_granted_twice(&doc);
-    let listed: Vec<String> = client
-        .list()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.uid)
-        .collect();
-    assert_eq!(listed, records.iter().cloned().collect::<Vec<_>>());
-    listed
+    let listed = list_uids(client).await;
+    assert_eq!(listed, records);
+    listed.into_iter().collect()
 }
 
 /// Dies at `step` during `call` of claim `victim` (a neighbour claim is prepared first and must
@@ -68,18 +62,7 @@ async fn crash_at(step: &str, call: Call, survives: bool) {
             "{step}: the daemon answered {r:?} instead of dying"
         );
     }
-    let st = dying.wait_exit().await;
-    assert_eq!(
-        st.signal(),
-        Some(nix::sys::signal::Signal::SIGABRT as i32),
-        "{step}: {st:?}; log:\n{}",
-        dying.log_text()
-    );
-    assert!(
-        dying.log_text().contains(step),
-        "the log names the step: {}",
-        dying.log_text()
-    );
+    assert_died_at(&mut dying, step).await;
 
     let _daemon = node.spawn(&[]);
     fake.wait_synchronized(2, WAIT).await.expect("synchronized");
@@ -154,4 +137,130 @@ async fn an_unknown_crash_step_is_refused_at_startup() {
     let st = d.wait_exit().await;
     assert!(!st.success());
     assert!(d.log_text().contains("after-allocate"), "{}", d.log_text());
+}
+
+/// The CPUs the runtime was told container `id` should run on, in Synchronize answers and in
+/// UpdateContainers calls after the first `since` of each; the newest of each kind.
+fn cpus_told(fake: &fake_runtime::FakeRuntime, id: &str, since: (usize, usize)) -> Vec<String> {
+    let cpus = |u: &nri_proto::api::ContainerUpdate| {
+        Some(
+            u.linux
+                .as_ref()?
+                .resources
+                .as_ref()?
+                .cpu
+                .as_ref()?
+                .cpus
+                .clone(),
+        )
+    };
+    let from_sync = fake.sync_updates()[since.0..]
+        .iter()
+        .filter(|u| u.container_id == id)
+        .filter_map(cpus)
+        .next_back();
+    let pushed = fake.updates()[since.1..]
+        .iter()
+        .flat_map(|r| r.update.iter())
+        .filter(|u| u.container_id == id)
+        .filter_map(cpus)
+        .next_back();
+    from_sync.into_iter().chain(pushed).collect()
+}
+
+/// The NRI side's release paths die at `step`: RemoveContainer of an annotation container whose
+/// claim holds accelerator-local CPUs (`at_sync` false), or the release of that claim when the
+/// next Synchronize finds its container gone (`at_sync` true). The runtime speaks as NRI before
+/// v0.12.1. Started again, the node is consistent, the claim is released, and the other
+/// container is told it has every shared CPU again.
+async fn crash_in_release(step: &str, at_sync: bool) {
+    use nri_proto::api::Event;
+    let node = TestNode::new(Shape::default(), "");
+    let cfg = fake_runtime::RuntimeConfig {
+        nri_version: "v0.8.0".into(),
+        updates_wait_for_events: true,
+        ..Default::default()
+    };
+    let fake = fake_runtime::FakeRuntime::start_with(&node.nri_socket, cfg)
+        .await
+        .unwrap();
+    // First, without a crash step (a prepare passes some of the same steps): a bystander and an
+    // annotation container on the whole pool (two local CPUs with the GPU).
+    let mut first = node.spawn(&[]);
+    fake.wait_synchronized(1, WAIT).await.expect("synchronized");
+    node.client_gate_open().await;
+    let pb = pod("bystander", &[]);
+    let b = container("c-bystander", &pb, "app", &[]);
+    let p = pod(
+        "trainer",
+        &[("accel.nri.io/container.app", "count=1,family=exclusive")],
+    );
+    let c = container("c-trainer", &p, "app", &[]);
+    for (pd, ct) in [(&pb, &b), (&p, &c)] {
+        fake.add_pod(pd.clone());
+        fake.create_container(pd, ct).await.expect("create");
+        fake.add_container(ct.clone());
+    }
+    assert_eq!(node.spec_uids().len(), 1);
+    first.kill9().await;
+
+    if at_sync {
+        // The container goes while nri-accel is away.
+        fake.forget_container(&c.id);
+    }
+    let mut dying = node.spawn(&[(CRASH_ENV, step)]);
+    if !at_sync {
+        fake.wait_synchronized(2, WAIT).await.expect("synchronized");
+        node.client_gate_open().await;
+        let r = fake.notify(Event::REMOVE_CONTAINER, &p, Some(&c)).await;
+        assert!(
+            r.is_err(),
+            "{step}: the daemon answered {r:?} instead of dying"
+        );
+        fake.forget_container(&c.id);
+    }
+    assert_died_at(&mut dying, step).await;
+
+    let since = (fake.sync_updates().len(), fake.updates().len());
+    let _daemon = node.spawn(&[]);
+    let client = node.client_gate_open().await;
+    let held = consistent(&node, &client).await;
+    assert!(
+        held.is_empty(),
+        "{step} (at sync {at_sync}): released, got {held:?}"
+    );
+    // Told in the Synchronize answer, or pushed after it; nothing older is told after.
+    wait_for(
+        "the bystander to be told it has every CPU again",
+        || async {
+            let told = cpus_told(&fake, "c-bystander", since);
+            (!told.is_empty() && told.iter().all(|c| c == "0-15")).then_some(())
+        },
+    )
+    .await;
+    assert!(node.spec_uids().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_container_dies_at_every_release_step() {
+    for step in [
+        "after-checkpoint",
+        "after-release",
+        "after-update-push",
+        "after-spec-remove",
+    ] {
+        crash_in_release(step, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_of_a_container_gone_at_synchronize_dies_at_every_step() {
+    for step in [
+        "after-checkpoint",
+        "after-release",
+        "after-update-push",
+        "after-spec-remove",
+    ] {
+        crash_in_release(step, true).await;
+    }
 }

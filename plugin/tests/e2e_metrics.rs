@@ -4,33 +4,11 @@
 
 mod e2e_common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 
 use e2e_common::*;
 use nri_accel::claims_api::Family;
 use tokio::net::UnixListener;
-
-/// One HTTP/1.1 GET over a fresh connection; (status, body). `None` while nothing listens.
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(WAIT)).ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
-
-async fn get_async(addr: SocketAddr, path: &'static str) -> Option<(u16, String)> {
-    tokio::task::spawn_blocking(move || get(addr, path))
-        .await
-        .ok()
-        .flatten()
-}
 
 /// The value of the sample whose series (name and labels) is `series`.
 fn sample(exposition: &str, series: &str) -> Option<f64> {
@@ -38,14 +16,6 @@ fn sample(exposition: &str, series: &str) -> Option<f64> {
         .lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,7 +34,7 @@ async fn metrics_and_healthz_follow_the_daemon() {
         .await
         .expect("the daemon dials")
         .unwrap();
-    let (code, body) = wait_for("the metrics endpoint", || get_async(addr, "/healthz")).await;
+    let (code, body) = wait_for("the metrics endpoint", || http_get_async(addr, "/healthz")).await;
     assert_eq!(code, 503, "{body}");
     assert!(!body.trim().is_empty(), "the reason is given");
 
@@ -75,13 +45,15 @@ async fn metrics_and_healthz_follow_the_daemon() {
     fake.wait_synchronized(1, WAIT).await.expect("synchronized");
     let client = node.client_gate_open().await;
     let (code, body) = wait_for("/healthz 200", || async {
-        get_async(addr, "/healthz").await.filter(|(c, _)| *c == 200)
+        http_get_async(addr, "/healthz")
+            .await
+            .filter(|(c, _)| *c == 200)
     })
     .await;
     assert_eq!(code, 200, "{body}");
 
     let count = r#"nri_accel_prepare_duration_seconds_count{result="ok"}"#;
-    let (code, before) = get_async(addr, "/metrics").await.expect("metrics");
+    let (code, before) = http_get_async(addr, "/metrics").await.expect("metrics");
     assert_eq!(code, 200);
     let before_n = sample(&before, count).unwrap_or(0.0);
     assert!(sample(&before, "nri_accel_gate_open").is_some(), "{before}");
@@ -94,7 +66,7 @@ async fn metrics_and_healthz_follow_the_daemon() {
         .unwrap();
     assert!(refused["m-3"].is_err());
 
-    let (_, after) = get_async(addr, "/metrics").await.expect("metrics");
+    let (_, after) = http_get_async(addr, "/metrics").await.expect("metrics");
     assert_eq!(sample(&after, count), Some(before_n + 2.0), "{after}");
     assert_eq!(
         sample(
@@ -107,7 +79,7 @@ async fn metrics_and_healthz_follow_the_daemon() {
     assert_eq!(sample(&after, "nri_accel_gate_open"), Some(1.0), "{after}");
     // The claim gauges are refreshed periodically: wait for them to catch up.
     wait_for("the claims gauge", || async {
-        let (_, m) = get_async(addr, "/metrics").await?;
+        let (_, m) = http_get_async(addr, "/metrics").await?;
         (sample(&m, r#"nri_accel_claims{state="prepared"}"#) == Some(2.0)).then_some(())
     })
     .await;
@@ -115,9 +87,14 @@ async fn metrics_and_healthz_follow_the_daemon() {
     // The runtime goes away: /healthz says so.
     fake.stop().await;
     let (_, body) = wait_for("/healthz 503 after the runtime left", || async {
-        get_async(addr, "/healthz").await.filter(|(c, _)| *c == 503)
+        http_get_async(addr, "/healthz")
+            .await
+            .filter(|(c, _)| *c == 503)
     })
     .await;
     assert!(body.contains("runtime"), "{body}");
-    assert_eq!(get_async(addr, "/nope").await.map(|(c, _)| c), Some(404));
+    assert_eq!(
+        http_get_async(addr, "/nope").await.map(|(c, _)| c),
+        Some(404)
+    );
 }

@@ -9,18 +9,8 @@ mod e2e_common;
 use std::collections::BTreeSet;
 
 use e2e_common::*;
-use nri_accel::claims_api::{ClaimsClient, Family};
+use nri_accel::claims_api::Family;
 use tokio::net::UnixListener;
-
-async fn list_uids(client: &ClaimsClient) -> BTreeSet<String> {
-    client
-        .list()
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|c| c.uid)
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_and_runtime_restarts_lose_nothing() {

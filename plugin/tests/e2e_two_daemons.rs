@@ -9,19 +9,9 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 
 use e2e_common::*;
-use nri_accel::claims_api::{ClaimsClient, Family};
+use nri_accel::claims_api::Family;
 
 const WAITING: &str = "another nri-accel holds the node lock";
-
-async fn uids(client: &ClaimsClient) -> BTreeSet<String> {
-    client
-        .list()
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|c| c.uid)
-        .collect()
-}
 
 /// Waits until `d` logs that it waits for the node lock, then checks it serves nothing.
 async fn assert_waiting(node: &TestNode, d: &mut DaemonProc, socket_ino: u64) {
@@ -63,7 +53,7 @@ async fn a_second_daemon_waits_for_the_lock_then_takes_over() {
         .expect("second synchronized");
     let client = node.client_gate_open().await;
     let held: BTreeSet<String> = ["before-a", "while-b"].map(String::from).into();
-    assert_eq!(uids(&client).await, held);
+    assert_eq!(list_uids(&client).await, held);
     assert_eq!(node.spec_uids(), held);
     assert_eq!(
         prepare_ok(&client, count_claim("before-a", Family::Exclusive, None)).await,
@@ -86,7 +76,7 @@ async fn a_second_daemon_waits_for_the_lock_then_takes_over() {
         .await
         .expect("third synchronized");
     let client = node.client_gate_open().await;
-    assert_eq!(uids(&client).await, held);
+    assert_eq!(list_uids(&client).await, held);
     let doc = node.status_json().await;
     assert_eq!(status_claims(&doc), held);
     assert_no_unit_granted_twice(&doc);

@@ -257,10 +257,13 @@ async fn pending_updates_survive_a_restart() {
     assert_eq!(sink.delivered.lock().unwrap().len(), 1);
 }
 
-/// The annotation path prepares inside CreateContainer: its updates must come
-/// back to the handler, never through UpdateContainers from inside it.
+/// Work an NRI handler starts never pushes through UpdateContainers, on any path: the
+/// annotation path's prepare returns its updates to the handler, and releases (RemoveContainer,
+/// claims of containers found gone at Synchronize, rollbacks) leave theirs pending and wake the
+/// flusher. Outside a handler, the same calls push before they return.
 #[tokio::test]
-async fn a_prepare_inside_a_handler_returns_its_updates_instead_of_pushing_them() {
+async fn work_inside_an_nri_handler_pushes_nothing_on_any_path() {
+    use nri_accel::engine::in_nri_handler;
     let d = dirs();
     let (engine, _) = open_with(&d, 4, 2, None).unwrap();
     engine.container_started("ctr-shared", &[]);
@@ -269,8 +272,7 @@ async fn a_prepare_inside_a_handler_returns_its_updates_instead_of_pushing_them(
     let origin = nri_accel::engine::Origin::Annotation {
         container_id: "ctr-new".into(),
     };
-    let p = engine
-        .prepare_as(claim_for("ctr-new", "gpu0"), origin)
+    let p = in_nri_handler(engine.prepare_as(claim_for("ctr-new", "gpu0"), origin))
         .await
         .unwrap();
     assert!(
@@ -279,7 +281,54 @@ async fn a_prepare_inside_a_handler_returns_its_updates_instead_of_pushing_them(
     );
     assert_eq!(p.updates.len(), 1);
     assert_eq!(p.updates[0].container_id, "ctr-shared");
-    // From a claims-API prepare the pusher does deliver.
+    // The flusher was woken for it.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        engine.wait_for_pending_work(),
+    )
+    .await
+    .expect("the flusher is woken");
+    // A release inside a handler (RemoveContainer): pending, not pushed.
+    in_nri_handler(engine.container_removed("ctr-new"))
+        .await
+        .unwrap();
+    assert!(engine.claims().is_empty());
+    assert!(sink.delivered.lock().unwrap().is_empty());
+    assert_eq!(
+        engine.pending_updates(),
+        1,
+        "ctr-shared grows back, pending"
+    );
+    in_nri_handler(engine.unprepare("nothing-here"))
+        .await
+        .unwrap();
+    assert!(sink.delivered.lock().unwrap().is_empty());
+    // From the claims API the pusher does deliver, the pending update included.
     engine.prepare(claim_for("api", "gpu1")).await.unwrap();
     assert!(!sink.delivered.lock().unwrap().is_empty());
+    assert_eq!(engine.pending_updates(), 0);
+}
+
+/// A removed container's pending update is dropped at RemoveContainer, not kept until the next
+/// Synchronize (a runtime that fails updates of unknown containers would see it retried).
+#[tokio::test]
+async fn a_removed_containers_pending_update_is_dropped() {
+    let d = dirs();
+    let (engine, _) = open_with(&d, 4, 2, None).unwrap();
+    engine.container_started("ctr-shared", &[]);
+    engine.container_started("ctr-other", &[]);
+    // No sink: the updates the claim made stay pending.
+    engine
+        .prepare(claim_for("cpu-claim", "gpu0"))
+        .await
+        .unwrap();
+    assert_eq!(engine.pending_updates(), 2);
+    engine.container_removed("ctr-shared").await.unwrap();
+    assert_eq!(engine.pending_updates(), 1);
+    let (engine, report) = {
+        drop(engine);
+        open_with(&d, 4, 2, None).unwrap()
+    };
+    assert_eq!(report.pending_updates, 1, "dropped durably");
+    drop(engine);
 }

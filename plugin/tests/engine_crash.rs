@@ -122,3 +122,90 @@ async fn crash_at_every_unprepare_step_then_restart_and_retry() {
         engine.prepare(claim_for("next", "gpu0")).await.unwrap();
     }
 }
+
+fn agent_over(engine: nri_accel::engine::Engine) -> nri_accel::daemon::Agent {
+    nri_accel::daemon::Agent::new(
+        std::sync::Arc::new(engine),
+        nri_accel::daemon::AgentSettings {
+            cdi_kind: "accel.nri.io/device".into(),
+            annotation_prefix: "accel.nri.io".into(),
+            manage_shared_cpus: true,
+        },
+    )
+}
+
+fn view(id: &str, annotations: &[(&str, &str)]) -> nri_accel::daemon::ContainerView {
+    nri_accel::daemon::ContainerView {
+        id: id.into(),
+        name: "app".into(),
+        pod_namespace: "ns".into(),
+        pod_name: format!("pod-{id}"),
+        pod_annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The release paths of the NRI side (RemoveContainer, and the claims of a container found gone
+/// at Synchronize) die at every unprepare step, inside handler work (nothing is pushed there);
+/// after a restart and a Synchronize the claim is gone, records and specs agree, and the other
+/// container's CPUs come back in the Synchronize answer.
+#[tokio::test]
+async fn crash_at_every_step_of_a_release_by_the_nri_side_then_restart_and_synchronize() {
+    use nri_accel::daemon::Injection;
+    use nri_accel::engine::in_nri_handler;
+    let ask = [("accel.nri.io/container.app", "count=1")];
+    for at_sync in [false, true] {
+        for step in UNPREPARE_STEPS {
+            let d = dirs();
+            {
+                let (engine, _) = open_with(&d, 2, 1, None).unwrap();
+                let agent = agent_over(engine);
+                agent
+                    .create_container(&view("bystander", &[]), Injection::Cdi)
+                    .await
+                    .unwrap();
+                let (_, updates) = agent
+                    .create_container(&view("c-ann", &ask), Injection::Cdi)
+                    .await
+                    .unwrap();
+                assert_eq!(updates.len(), 1, "the bystander gives a CPU up");
+            }
+            {
+                let (engine, _) = open_with(&d, 2, 1, Some(die_at(step))).unwrap();
+                let agent = agent_over(engine);
+                let err = if at_sync {
+                    // The container went while nri-accel was away.
+                    let synced = agent.synchronize(&[view("bystander", &[])]).await;
+                    assert_eq!(synced.gone, vec!["c-ann".to_string()]);
+                    in_nri_handler(agent.remove_container("c-ann")).await
+                } else {
+                    agent
+                        .synchronize(&[view("bystander", &[]), view("c-ann", &[])])
+                        .await;
+                    in_nri_handler(agent.remove_container("c-ann")).await
+                };
+                let err = err.unwrap_err();
+                assert!(err.contains(step.name()), "{step}: {err}");
+            }
+            let (engine, _) = open_with(&d, 2, 1, None).unwrap();
+            let agent = agent_over(engine);
+            let synced = agent.synchronize(&[view("bystander", &[])]).await;
+            agent.release_gone(&synced.gone).await;
+            let engine = agent.engine();
+            assert_consistent(&d, engine);
+            assert!(
+                engine.claims().is_empty(),
+                "{step} (at sync {at_sync}): released"
+            );
+            let back = synced
+                .updates
+                .iter()
+                .find(|u| u.container_id == "bystander")
+                .map(|u| u.cpus.to_string());
+            assert_eq!(back.as_deref(), Some("0-7"), "{step}: the CPUs come back");
+        }
+    }
+}

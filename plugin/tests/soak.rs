@@ -5,6 +5,14 @@
 //! unless later unprepared, nothing leaked (records == specs == held claims; empty after
 //! unpreparing everything) and memory bounded.
 //!
+//! The runtime speaks as NRI before v0.12.1 (UpdateContainers waits for the events in flight),
+//! and two more clients drive the NRI side's own release paths (issue 14): annotation-path
+//! containers on the whole pool (their claims take accelerator-local CPUs, so every removal
+//! frees CPUs and moves other containers' cpusets) created and removed through the runtime, and
+//! containers that appear with a device node and no record (adopted at the next Synchronize,
+//! several sometimes on one device). A plugin dropped for a missed deadline is a violation, and
+//! no annotation or adopted claim may outlive its containers.
+//!
 //! Ignored by default (it runs for minutes). Run it with
 //! `NRI_ACCEL_SOAK_SECS=1800 cargo test --release -p nri-accel --test soak -- --ignored --nocapture`
 //! (`NRI_ACCEL_SOAK_SEED` picks the seed; docs/soak.md has the results).
@@ -18,17 +26,25 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fake_runtime::FakeRuntime;
+use fake_runtime::{FakeError, FakeRuntime};
 use nri_accel::claims_api::{
     ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, Family, Selector,
 };
 use nri_accel::config::Config;
-use nri_proto::api::{CDIDevice, Container, ContainerState, Event, LinuxContainer, PodSandbox};
+use nri_proto::api::{
+    CDIDevice, Container, ContainerState, Event, LinuxContainer, LinuxDevice, PodSandbox,
+};
 use nri_proto::protobuf::MessageField;
 use proc_node::{DaemonProc, Rng, SOAK_LAYOUT};
 use serde_json::Value;
 
 const CLIENTS: u64 = 8;
+/// Clients of the NRI side: annotation containers and containers on devices without a record.
+const NRI_CLIENTS: u64 = 2;
+/// Devices that containers without a record appear on (see `SOAK_LAYOUT`; /dev/nvidia<i> is
+/// 195:i): a whole one (drawn half the time) and two shared ones, few enough that several such
+/// containers often share one (an adopted whole device then passes from container to container).
+const UNCLAIMED_DEVICES: [i64; 4] = [5, 5, 6, 7];
 const MAX_HELD_PER_CLIENT: usize = 6;
 const GATE_WAIT: Duration = Duration::from_secs(60);
 /// RSS above this is a violation (the daemon's target with 10,000 claims is 40 MiB).
@@ -47,6 +63,11 @@ struct Stats {
     runtime_restarts: AtomicU64,
     status_checks: AtomicU64,
     transport_errors: AtomicU64,
+    annotation_created: AtomicU64,
+    annotation_refused: AtomicU64,
+    annotation_removed: AtomicU64,
+    unclaimed_added: AtomicU64,
+    deadline_drops: AtomicU64,
 }
 
 struct Shared {
@@ -264,6 +285,112 @@ async fn client(sh: Arc<Shared>, id: u64, seed: u64) -> BTreeSet<String> {
     held.into_iter().map(|h| h.uid).collect()
 }
 
+/// A container the NRI client runs: an annotation container, or one on a device without a record.
+struct NriContainer {
+    pod: PodSandbox,
+    container: Container,
+    /// A container on a device without a record (long-lived, so Synchronizes find it).
+    unclaimed: bool,
+}
+
+/// Counts a missed deadline as a violation (the runtime dropped the plugin for it).
+fn check_deadline(sh: &Shared, what: &str, r: &Result<(), FakeError>) {
+    if let Err(FakeError::Timeout(m)) = r {
+        sh.stats.deadline_drops.fetch_add(1, Ordering::Relaxed);
+        sh.violation(format!(
+            "the runtime dropped the plugin: {what} missed its deadline ({m})"
+        ));
+    }
+}
+
+/// One client of the NRI side: runs up to 4 containers at a time, each either an annotation
+/// container asking for a whole GPU (its claim takes an accelerator-local CPU) or, while it runs
+/// fewer than 2 of them, a container that appears in the runtime with the node of one of
+/// [`UNCLAIMED_DEVICES`] and no record (adopted at the next Synchronize unless a claim holds the
+/// device; kept for a while, so restarts find it); removes them at random. At stop it removes
+/// all of them.
+async fn nri_client(sh: Arc<Shared>, id: u64, seed: u64) {
+    let mut rng = Rng(seed ^ 0xA11_0CA7E ^ id.wrapping_mul(0x9E37_79B9));
+    let mut live: Vec<NriContainer> = Vec::new();
+    let mut n = 0u64;
+    let st = &sh.stats;
+    let remove = |c: NriContainer| {
+        let sh = sh.clone();
+        async move {
+            let r = sh
+                .fake
+                .notify(Event::REMOVE_CONTAINER, &c.pod, Some(&c.container))
+                .await
+                .map(|_| ());
+            check_deadline(&sh, "RemoveContainer", &r);
+            sh.fake.forget_container(&c.container.id);
+            sh.fake.forget_pod(&c.pod.id);
+            sh.stats.annotation_removed.fetch_add(1, Ordering::Relaxed);
+        }
+    };
+    while !sh.stop.load(Ordering::SeqCst) {
+        if live.len() < 4 && (live.is_empty() || rng.chance(55)) {
+            let uid = format!("nri-{id}-{n}");
+            n += 1;
+            let unclaimed = live.iter().filter(|c| c.unclaimed).count();
+            let annotation = unclaimed >= 2 || rng.chance(75);
+            let (mut p, mut c) = pod_and_container(&uid, &[]);
+            let mut linux = LinuxContainer::new();
+            if annotation {
+                p.annotations.insert(
+                    "accel.nri.io/container.main".into(),
+                    "count=1,family=exclusive".into(),
+                );
+            } else {
+                let minor = UNCLAIMED_DEVICES[rng.below(UNCLAIMED_DEVICES.len() as u64) as usize];
+                let mut d = LinuxDevice::new();
+                d.path = format!("/dev/nvidia{minor}");
+                d.type_ = "c".into();
+                d.major = 195;
+                d.minor = minor;
+                linux.devices.push(d);
+            }
+            c.linux = MessageField::some(linux);
+            sh.fake.add_pod(p.clone());
+            if annotation {
+                match sh.fake.create_container(&p, &c).await {
+                    Ok(_) => {
+                        st.annotation_created.fetch_add(1, Ordering::Relaxed);
+                    }
+                    // Refused (no whole GPU free): the container is not created.
+                    Err(FakeError::Status { .. }) => {
+                        st.annotation_refused.fetch_add(1, Ordering::Relaxed);
+                        sh.fake.forget_pod(&p.id);
+                        continue;
+                    }
+                    // The plugin is away or was dropped: the runtime creates it without the
+                    // plugin (its claim may have been committed all the same).
+                    Err(e) => {
+                        check_deadline(&sh, "CreateContainer", &Err(e));
+                    }
+                }
+            } else {
+                st.unclaimed_added.fetch_add(1, Ordering::Relaxed);
+            }
+            sh.fake.add_container(c.clone());
+            live.push(NriContainer {
+                pod: p,
+                container: c,
+                unclaimed: !annotation,
+            });
+        } else if !live.is_empty() {
+            let i = rng.below(live.len() as u64) as usize;
+            if !live[i].unclaimed || rng.chance(3) {
+                remove(live.swap_remove(i)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5 + rng.below(30))).await;
+    }
+    for c in live {
+        remove(c).await;
+    }
+}
+
 /// SIGKILLs and restarts the daemon, or restarts the runtime, at seeded random moments.
 async fn chaos(sh: Arc<Shared>, seed: u64, deadline: Instant) {
     let mut rng = Rng(seed ^ 0xC4A0_5C4A_05C4_A05C);
@@ -445,6 +572,9 @@ async fn run(secs: u64, seed: u64, dir: &Path) {
     let clients: Vec<_> = (0..CLIENTS)
         .map(|i| tokio::spawn(client(sh.clone(), i, seed)))
         .collect();
+    let nri_clients: Vec<_> = (0..NRI_CLIENTS)
+        .map(|i| tokio::spawn(nri_client(sh.clone(), i, seed)))
+        .collect();
     // Periodic checks of the unit invariant while everything runs.
     while Instant::now() < deadline {
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -458,8 +588,34 @@ async fn run(secs: u64, seed: u64, dir: &Path) {
     for c in clients {
         held.extend(c.await.unwrap());
     }
+    for c in nri_clients {
+        c.await.unwrap();
+    }
     sampling.await.unwrap();
     let c = sh.gate().await;
+    // Containers removed while the daemon was away are found gone at the next Synchronize: ask
+    // for one, then every annotation and adopted claim must be released.
+    if let Err(e) = sh.fake.resynchronize().await {
+        sh.violation(format!("the final Synchronize failed: {e}"));
+    }
+    let deadline = Instant::now() + GATE_WAIT;
+    loop {
+        let doc = c.status().await.unwrap().document;
+        let left: Vec<String> = status_claims(&doc)
+            .into_iter()
+            .filter(|u| !u.starts_with("soak-"))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            sh.violation(format!(
+                "claims of the NRI side outlive their containers: {left:?}"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     check_status(&sh, &c).await;
     let doc = c.status().await.unwrap().document;
     let live = status_claims(&doc);
@@ -557,6 +713,14 @@ async fn run(secs: u64, seed: u64, dir: &Path) {
         l(&s.runtime_restarts),
         l(&s.transport_errors),
         l(&s.status_checks)
+    );
+    println!(
+        "  NRI side: annotation containers created {}, refused {}, containers removed {}, containers without a record added {}, deadline drops {}",
+        l(&s.annotation_created),
+        l(&s.annotation_refused),
+        l(&s.annotation_removed),
+        l(&s.unclaimed_added),
+        l(&s.deadline_drops)
     );
     println!("  claims held at the end {}", held.len());
     println!(

@@ -574,6 +574,13 @@ impl Node {
         &self.inventory
     }
 
+    /// The family of the pool `device_id` belongs to; `None` for a device in no pool.
+    pub fn device_family(&self, device_id: &str) -> Option<FamilyKind> {
+        self.device_pool
+            .get(device_id)
+            .map(|&p| self.pools[p].policy.family())
+    }
+
     /// The family of the pool named `pool`.
     pub fn pool_family(&self, pool: &str) -> Option<FamilyKind> {
         self.pool_index

@@ -40,6 +40,12 @@ pub struct RuntimeConfig {
     pub registration_timeout: Duration,
     /// `ConfigureRequest.config`.
     pub config: String,
+    /// Behave as NRI before v0.12.1 (containerd up to 2.3.0): every event holds a lock that an
+    /// UpdateContainers call from the plugin also takes, so the call waits until every event
+    /// request outstanding when it arrived has been answered (containerd#13733, nri#301). A
+    /// plugin that waits for its own update inside a handler misses the deadline and is
+    /// dropped. On by default, as the default `nri_version` (v0.12.0) behaves.
+    pub updates_wait_for_events: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -51,6 +57,7 @@ impl Default for RuntimeConfig {
             request_timeout: Duration::from_secs(2),
             registration_timeout: Duration::from_secs(5),
             config: String::new(),
+            updates_wait_for_events: true,
         }
     }
 }
@@ -111,6 +118,8 @@ struct State {
     fail_updates: usize,
     errors: Vec<String>,
     syncs: usize,
+    /// UpdateContainers calls that waited for an event to be answered first.
+    updates_held: usize,
 }
 
 struct PluginConn {
@@ -120,6 +129,12 @@ struct PluginConn {
     pending: Mutex<HashMap<u32, Waiting>>,
     next_stream: AtomicU32,
     kill: watch::Sender<bool>,
+    /// Event requests to the plugin not answered yet, by the order they were sent in.
+    events: Mutex<std::collections::BTreeSet<u64>>,
+    /// The order number the next event request gets.
+    next_event: std::sync::atomic::AtomicU64,
+    /// Bumped whenever an event request ends (answered, failed or timed out).
+    event_ended: watch::Sender<u64>,
 }
 
 /// A call waiting for its answer until `deadline`.
@@ -135,6 +150,8 @@ struct Inner {
     /// Bumped after each completed registration + Synchronize.
     synced: watch::Sender<usize>,
     listener: Mutex<Option<(PathBuf, tokio::task::JoinHandle<()>)>>,
+    /// While true, a newly registered plugin's Synchronize is not sent yet.
+    hold_sync: watch::Sender<bool>,
 }
 
 /// A fake NRI runtime. Cheap to clone (shared state).
@@ -153,6 +170,7 @@ impl FakeRuntime {
                 plugin: Mutex::new(None),
                 synced: watch::channel(0).0,
                 listener: Mutex::new(None),
+                hold_sync: watch::channel(false).0,
             }),
         }
     }
@@ -286,6 +304,19 @@ impl FakeRuntime {
     /// The containers the next Synchronize will send.
     pub fn containers(&self) -> Vec<Container> {
         self.state().containers.clone()
+    }
+
+    /// While `hold` is true, a plugin that registers gets no Synchronize: the runtime waits
+    /// (its registration is done), as a runtime busy with other work does. Setting it back to
+    /// false sends the held Synchronize.
+    pub fn hold_synchronize(&self, hold: bool) {
+        self.inner.hold_sync.send_replace(hold);
+    }
+
+    /// How many UpdateContainers calls had to wait for an event request to be answered first
+    /// (see [`RuntimeConfig::updates_wait_for_events`]).
+    pub fn updates_held(&self) -> usize {
+        self.state().updates_held
     }
 
     /// The next `n` UpdateContainers requests report every update as failed.

@@ -258,3 +258,127 @@ async fn messages_packed_into_or_split_across_frames_are_all_answered() {
         assert!(answer.unwrap().adjust.is_some(), "stream {sid}");
     }
 }
+
+/// CreateContainer panics for container 13 and takes a while for every other one.
+struct Panicky;
+
+#[async_trait]
+impl Plugin for Panicky {
+    fn events(&self) -> EventMask {
+        EventMask::of(&[Event::CREATE_CONTAINER])
+    }
+
+    async fn create_container(
+        &self,
+        _pod: &PodSandbox,
+        c: &Container,
+    ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
+        if c.id == "ctr-000013" {
+            panic!("container 13 is unlucky");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok((ContainerAdjustment::new(), Vec::new()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_answers_only_its_own_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nri.sock");
+    let rt = FakeRuntime::start(&path).await.unwrap();
+    let (stub, task) = spawn_stub(&path, Arc::new(Panicky));
+    rt.wait_synchronized(1, HANG_GUARD).await.unwrap();
+
+    // The healthy request is in flight (it sleeps) when its sibling panics.
+    let pd = pod(0);
+    let (healthy, unlucky) = (container(12, &pd, 0), container(13, &pd, 0));
+    let first = rt.create_container(&pd, &healthy);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        rt.create_container(&pd, &unlucky).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    first.expect("the healthy sibling is answered");
+    match second {
+        Err(fake_runtime::FakeError::Status { code, message, .. }) => {
+            assert_eq!(code, 13, "INTERNAL: {message}");
+            assert!(
+                message.contains("CreateContainer") && message.contains("unlucky"),
+                "{message}"
+            );
+        }
+        other => panic!("the panicking request got {other:?}"),
+    }
+    // The connection goes on: still registered, and the next request is served.
+    assert!(rt.plugin().is_some());
+    rt.create_container(&pd, &container(14, &pd, 0))
+        .await
+        .expect("served after the panic");
+    assert!(rt.errors().is_empty(), "{:?}", rt.errors());
+    close_and_join(&stub, task).await.unwrap();
+}
+
+/// Pushes an update from inside CreateContainer and waits for it: what must never be done.
+struct UpdatesInsideHandler {
+    updater: std::sync::Mutex<Option<nri_proto::Updater>>,
+}
+
+#[async_trait]
+impl Plugin for UpdatesInsideHandler {
+    fn events(&self) -> EventMask {
+        EventMask::of(&[Event::CREATE_CONTAINER])
+    }
+
+    async fn create_container(
+        &self,
+        _pod: &PodSandbox,
+        c: &Container,
+    ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
+        let updater = self.updater.lock().unwrap().clone().expect("updater set");
+        let mut u = ContainerUpdate::new();
+        u.container_id = c.id.clone();
+        updater
+            .update_containers(vec![u], Vec::new())
+            .await
+            .map_err(|e| PluginError::failed(e.to_string()))?;
+        Ok((ContainerAdjustment::new(), Vec::new()))
+    }
+}
+
+/// The fake runtime's model of NRI before v0.12.1 can fail a plugin: one that waits for its own
+/// UpdateContainers inside a handler is dropped at the deadline; on a runtime without the lock
+/// the same plugin is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_awaited_inside_a_handler_gets_the_plugin_dropped_by_an_older_runtime() {
+    for older in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nri.sock");
+        let cfg = fake_runtime::RuntimeConfig {
+            request_timeout: Duration::from_millis(500),
+            updates_wait_for_events: older,
+            ..Default::default()
+        };
+        let rt = FakeRuntime::start_with(&path, cfg).await.unwrap();
+        let plugin = Arc::new(UpdatesInsideHandler {
+            updater: std::sync::Mutex::new(None),
+        });
+        let (stub, task) = spawn_stub(&path, plugin.clone());
+        *plugin.updater.lock().unwrap() = Some(stub.updater());
+        rt.wait_synchronized(1, HANG_GUARD).await.unwrap();
+        let pd = pod(0);
+        let r = rt.create_container(&pd, &container(1, &pd, 0)).await;
+        if older {
+            assert!(
+                matches!(r, Err(fake_runtime::FakeError::Timeout(_))),
+                "older runtime: {r:?}"
+            );
+            assert!(rt.plugin().is_none(), "the plugin was dropped");
+            assert!(rt.updates().is_empty(), "the update waited for the event");
+        } else {
+            r.expect("a runtime without the lock answers");
+            assert_eq!(rt.updates().len(), 1);
+            assert_eq!(rt.updates_held(), 0);
+        }
+        let _ = close_and_join(&stub, task).await;
+    }
+}

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use policies::{ContainerUpdate, CpuSet, DeviceNode};
+use policies::{ContainerUpdate, CpuSet, DeviceNode, FamilyKind};
+use tokio::sync::watch;
 
 use super::annotations;
 use super::containers::{ContainerMap, ContainerView, claim_of_cdi_name};
@@ -66,6 +67,30 @@ pub struct Agent {
     settings: AgentSettings,
     containers: Mutex<ContainerMap>,
     sections: Mutex<Vec<(String, StatusSection)>>,
+    /// Serializes the owner decisions of removals, so an adopted claim is never handed over to a
+    /// container whose own removal is deciding at the same time (see [`Agent::remove_container`]).
+    removals: tokio::sync::Mutex<()>,
+    /// Synchronizes started and finished, their release work included.
+    syncs: Arc<watch::Sender<(u64, u64)>>,
+}
+
+/// What the first part of a Synchronize found: the container updates to answer with, and the
+/// containers that are gone, whose claims [`Agent::release_gone`] releases after the answer.
+#[derive(Debug, Default)]
+pub struct Synced {
+    /// Updates that bring each running container's cpuset to what the policy wants.
+    pub updates: Vec<ContainerUpdate>,
+    /// Containers the daemon knew that the runtime no longer has.
+    pub gone: Vec<String>,
+}
+
+/// Marks a Synchronize as finished, its release work included, when dropped (a panic too).
+pub struct SyncGuard(Arc<watch::Sender<(u64, u64)>>);
+
+impl Drop for SyncGuard {
+    fn drop(&mut self) {
+        self.0.send_modify(|(_, done)| *done += 1);
+    }
 }
 
 /// The claim UID of a container's annotation claim.
@@ -78,6 +103,15 @@ pub fn annotation_claim_uid(container_id: &str) -> String {
     format!("ctr-{id}")
 }
 
+/// Who owns which claims, read once per Synchronize.
+#[derive(Default)]
+struct Owners {
+    /// Container -> the annotation and adopted claims it owns.
+    by_container: BTreeMap<String, Vec<String>>,
+    /// Adopted claims.
+    adopted: BTreeSet<String>,
+}
+
 impl Agent {
     /// An agent over `engine`.
     pub fn new(engine: Arc<Engine>, settings: AgentSettings) -> Self {
@@ -86,6 +120,8 @@ impl Agent {
             settings,
             containers: Mutex::new(ContainerMap::default()),
             sections: Mutex::new(Vec::new()),
+            removals: tokio::sync::Mutex::new(()),
+            syncs: Arc::new(watch::channel((0, 0)).0),
         }
     }
 
@@ -98,54 +134,156 @@ impl Agent {
         self.containers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Claims a container holds by its CDI names and device nodes; devices of
-    /// ours it holds without any claim are returned separately.
-    fn claims_of(&self, c: &ContainerView) -> (BTreeSet<String>, Vec<String>) {
+    /// Whether creating `c` may prepare a claim (its pod carries annotations of our prefix): the
+    /// NRI side runs such a creation in a task of its own.
+    pub fn may_prepare(&self, c: &ContainerView) -> bool {
+        let prefix = &self.settings.annotation_prefix;
+        c.pod_annotations.keys().any(|k| {
+            k.strip_prefix(prefix.as_str())
+                .is_some_and(|r| r.starts_with('/'))
+        })
+    }
+
+    /// Claims a container holds: those its CDI names grant, those it owns (`owned`), and, for a
+    /// device of ours it has the nodes of that none of those holds, the device's holders when the
+    /// runtime reports no CDI names to tell them apart (NRI before v0.10).
+    fn claims_of(&self, c: &ContainerView, owned: &[String]) -> BTreeSet<String> {
         let mut claims: BTreeSet<String> = c
             .cdi_devices
             .iter()
             .filter_map(|n| claim_of_cdi_name(&self.settings.cdi_kind, n))
             .collect();
-        let mut unheld = Vec::new();
+        claims.extend(owned.iter().cloned());
         self.engine.with_node(|node| {
             for (major, minor) in &c.device_nodes {
-                if let Some(dev) = node.device_by_node(*major, *minor) {
-                    let holders = node.holder_of(&dev.id);
-                    if holders.is_empty() {
-                        unheld.push(dev.id.clone());
-                    } else if c.cdi_devices.is_empty() {
-                        claims.extend(holders);
-                    }
+                let Some(dev) = node.device_by_node(*major, *minor) else {
+                    continue;
+                };
+                let holders = node.holder_of(&dev.id);
+                if holders.iter().any(|h| claims.contains(h)) {
+                    continue;
+                }
+                if c.cdi_devices.is_empty() {
+                    claims.extend(holders);
                 }
             }
         });
-        let own = annotation_claim_uid(&c.id);
-        if self.engine.with_node(|n| n.allocation(&own).is_some()) {
-            claims.insert(own);
-        }
-        (claims, unheld)
+        claims
     }
 
-    /// The runtime's view of every running container: map them to claims, adopt
-    /// devices held without a record, and answer the updates that bring each
-    /// container's cpuset to what the policy wants.
-    pub async fn synchronize(&self, views: &[ContainerView]) -> Vec<ContainerUpdate> {
-        let live: BTreeSet<String> = views.iter().map(|c| c.id.clone()).collect();
-        self.containers().retain(&live);
-        let mut updates = Vec::new();
-        for c in views {
-            let (mut claims, unheld) = self.claims_of(c);
-            for device in unheld {
-                match self.engine.adopt(&c.id, &device).await {
-                    Ok(p) => {
-                        claims.insert(p.uid);
+    /// Which claims each container owns, and which claims are adopted.
+    fn owners(&self) -> Owners {
+        self.engine.with_claims(|claims| {
+            let mut o = Owners::default();
+            for (a, origin) in claims {
+                if let Some(c) = origin.container() {
+                    o.by_container
+                        .entry(c.to_string())
+                        .or_default()
+                        .push(a.claim_uid.clone());
+                }
+                if matches!(origin, Origin::Adopted { .. }) {
+                    o.adopted.insert(a.claim_uid.clone());
+                }
+            }
+            o
+        })
+    }
+
+    /// The devices to adopt, as (container, device): a device of ours that running containers
+    /// have the nodes of and that no claim of theirs holds. A shared device gives each such
+    /// container a share of its own (while shares last), so each holds its own; a whole or sliced
+    /// device is adopted once, for the first of them, and the others count among its holders.
+    /// A shared device held only by adopted claims is treated the same way; a device held by any
+    /// other claim is not adopted (the container may be that claim's, which older runtimes do not
+    /// say).
+    fn adoption_plan(&self, views: &[ContainerView], owners: &Owners) -> Vec<(String, String)> {
+        self.engine.with_node(|node| {
+            let mut by_device: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+            for c in views {
+                let mut own: BTreeSet<String> = c
+                    .cdi_devices
+                    .iter()
+                    .filter_map(|n| claim_of_cdi_name(&self.settings.cdi_kind, n))
+                    .collect();
+                own.extend(
+                    owners
+                        .by_container
+                        .get(&c.id)
+                        .into_iter()
+                        .flatten()
+                        .cloned(),
+                );
+                for (major, minor) in &c.device_nodes {
+                    let Some(dev) = node.device_by_node(*major, *minor) else {
+                        continue;
+                    };
+                    let holders = node.holder_of(&dev.id);
+                    if holders.iter().any(|h| own.contains(h)) {
+                        continue;
                     }
-                    Err(e) => {
-                        tracing::error!(container = %c.id, device = %device, error = %e,
-                            "could not adopt a device held by a running container");
+                    let shared = node.device_family(&dev.id) == Some(FamilyKind::Shared);
+                    let adoptable = holders.is_empty()
+                        || (shared && holders.iter().all(|h| owners.adopted.contains(h)));
+                    if adoptable {
+                        let users = by_device.entry(dev.id.clone()).or_default();
+                        if !users.contains(&c.id.as_str()) {
+                            users.push(&c.id);
+                        }
                     }
                 }
             }
+            let mut plan = Vec::new();
+            for (device, users) in by_device {
+                if node.device_family(&device) == Some(FamilyKind::Shared) {
+                    plan.extend(users.iter().map(|c| (c.to_string(), device.clone())));
+                } else if node.holder_of(&device).is_empty() {
+                    plan.push((users[0].to_string(), device));
+                }
+            }
+            plan
+        })
+    }
+
+    /// Marks the start of a Synchronize; the guard marks its end (release work included) when
+    /// dropped. [`Agent::settled`] waits for every Synchronize started so far.
+    pub fn sync_started(&self) -> SyncGuard {
+        self.syncs.send_modify(|(started, _)| *started += 1);
+        SyncGuard(self.syncs.clone())
+    }
+
+    /// Waits until every Synchronize started so far has finished, its release work included.
+    pub async fn settled(&self) {
+        let mut rx = self.syncs.subscribe();
+        let _ = rx.wait_for(|(started, done)| done >= started).await;
+    }
+
+    /// The runtime's view of every running container: adopt devices held without a record, map
+    /// the containers to claims, and compute the updates that bring each container's cpuset to
+    /// what the policy wants. Adoption is done here, before the answer, so that no claim made
+    /// after it can take such a device; the adoptions run at once, so their commits share
+    /// fsyncs. Releasing the claims of containers that are gone is left to
+    /// [`Agent::release_gone`], which may run after the answer.
+    pub async fn synchronize(&self, views: &[ContainerView]) -> Synced {
+        let live: BTreeSet<String> = views.iter().map(|c| c.id.clone()).collect();
+        self.containers().retain(&live);
+        let plan = self.adoption_plan(views, &self.owners());
+        let adopted = futures::future::join_all(
+            plan.iter()
+                .map(|(container, device)| self.engine.adopt(container, device)),
+        )
+        .await;
+        for ((container, device), result) in plan.iter().zip(adopted) {
+            if let Err(e) = result {
+                tracing::warn!(container = %container, device = %device, error = %e,
+                    "could not adopt a device held by a running container; the container counts among the device's holders");
+            }
+        }
+        let owners = self.owners();
+        let none = Vec::new();
+        let mut updates = Vec::new();
+        for c in views {
+            let claims = self.claims_of(c, owners.by_container.get(&c.id).unwrap_or(&none));
             let claim_list: Vec<String> = claims.iter().cloned().collect();
             let (adjustment, _) = self.engine.container_started(&c.id, &claim_list);
             self.device_plugin_used(c, &claim_list).await;
@@ -164,22 +302,35 @@ impl Agent {
         }
         // Synchronize recomputed every cpuset: older pending updates are superseded.
         self.engine.forget_containers_except(&BTreeSet::new()).await;
-        // Containers that are gone no longer need their annotation or adopted claims.
-        let orphaned: Vec<String> = self
-            .engine
-            .claims()
-            .into_iter()
-            .filter_map(|(_, o)| o.container().map(str::to_string))
+        let mut gone: BTreeSet<String> = owners
+            .by_container
+            .into_keys()
             .filter(|c| !live.contains(c))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
             .collect();
-        for c in orphaned {
-            if let Err(e) = self.engine.container_removed(&c).await {
+        self.engine.with_node(|node| {
+            gone.extend(
+                node.containers()
+                    .map(|(id, _, _)| id)
+                    .filter(|id| !live.contains(*id))
+                    .map(str::to_string),
+            )
+        });
+        Synced {
+            updates,
+            gone: gone.into_iter().collect(),
+        }
+    }
+
+    /// Forgets the containers that are gone and releases the claims that lived with them (an
+    /// adopted claim another running container still uses is handed over instead). The removals
+    /// run at once, so their commits share fsyncs.
+    pub async fn release_gone(&self, gone: &[String]) {
+        let removals = gone.iter().map(|c| async move {
+            if let Err(e) = self.remove_container(c).await {
                 tracing::error!(container = %c, error = %e, "could not release the claims of a container that is gone");
             }
-        }
-        updates
+        });
+        futures::future::join_all(removals).await;
     }
 
     /// A container is being created: run the annotation path if the pod asks for
@@ -241,7 +392,14 @@ impl Agent {
                 }
             }
         }
-        let (claims, _) = self.claims_of(c);
+        let own = annotation_claim_uid(&c.id);
+        let owned: Vec<String> = self
+            .engine
+            .with_node(|n| n.allocation(&own).is_some())
+            .then_some(own)
+            .into_iter()
+            .collect();
+        let claims = self.claims_of(c, &owned);
         let claim_list: Vec<String> = claims.iter().cloned().collect();
         let (adjustment, more) = self.engine.container_started(&c.id, &claim_list);
         updates.extend(more);
@@ -293,13 +451,50 @@ impl Agent {
         self.containers().remove(id);
     }
 
-    /// A container was removed: the claims scoped to it are released.
+    /// A container was removed: the claims scoped to it are released, except an adopted claim
+    /// whose device another running container still uses, which is handed over to that one.
+    ///
+    /// Forgetting the container and handing its adopted claims over happen under one lock
+    /// shared by all removals: a removal that runs beside this one either has already left the
+    /// map (and is not picked as the new owner) or runs after, and then finds the claim among its
+    /// own and releases or hands it over in turn.
     pub async fn remove_container(&self, id: &str) -> Result<(), String> {
-        self.containers().remove(id);
-        self.engine
-            .container_removed(id)
-            .await
-            .map_err(|e| format!("container {id}: {e}"))
+        let failed = |e: crate::engine::EngineError| format!("container {id}: {e}");
+        {
+            let _turn = self.removals.lock().await;
+            self.containers().remove(id);
+            for (uid, origin) in self.engine.owned_by(id) {
+                if !matches!(origin, Origin::Adopted { .. }) {
+                    continue;
+                }
+                if let Some(next) = self.successor(&uid) {
+                    self.engine.hand_over(&uid, &next).await.map_err(failed)?;
+                }
+            }
+        }
+        self.engine.container_removed(id).await.map_err(failed)
+    }
+
+    /// The running container an adopted claim goes to when its owner is removed: one that uses
+    /// it and holds no claim of its own on the same devices (a container that already holds its
+    /// own share of a shared device does not take a second one).
+    fn successor(&self, uid: &str) -> Option<String> {
+        let devices_of = |claim: &str| -> BTreeSet<String> {
+            self.engine.with_node(|n| {
+                n.allocation(claim)
+                    .map(|a| a.results.iter().map(|g| g.device_id.clone()).collect())
+                    .unwrap_or_default()
+            })
+        };
+        let devices = devices_of(uid);
+        let candidates = self.containers().holders(uid);
+        candidates.into_iter().find(|c| {
+            !self
+                .engine
+                .owned_by(c)
+                .iter()
+                .any(|(other, _)| other != uid && !devices_of(other).is_disjoint(&devices))
+        })
     }
 
     /// Containers known and the claims they hold.

@@ -1,7 +1,19 @@
 //! The NRI side of the daemon: the stub's event handlers, translating NRI
 //! messages to and from the agent's plain types.
+//!
+//! Engine work a handler starts runs in a task of its own, inside
+//! [`crate::engine::in_nri_handler`], and the handler only waits for it: when
+//! the runtime's deadline passes or the connection closes, the NRI server drops
+//! the handler, not the work, so a prepare or a release is never left half done
+//! (the claims API runs its engine calls the same way). Inside that scope no
+//! UpdateContainers is sent: updates are committed as pending and pushed by the
+//! daemon's flusher, or carried in the handler's response where the message has
+//! a field for them (CreateContainer, Synchronize). A panic in the work is
+//! raised again in the handler, where the NRI server answers that request with
+//! INTERNAL and goes on.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -16,6 +28,7 @@ use nri_proto::{EventMask, Plugin, PluginError};
 use super::agent::{Agent, ContainerGrant, Injection};
 use super::containers::ContainerView;
 use crate::config::CdiInjection;
+use crate::engine::in_nri_handler;
 use crate::metrics::Metrics;
 
 /// Runtimes known to honour CDI device names in adjustments: (name, first version).
@@ -47,6 +60,20 @@ impl NriPlugin {
 
     fn injection(&self) -> Injection {
         *self.injection.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Runs `work` (engine work of a handler) in a task of its own and waits for it: the work
+/// completes whatever happens to the handler. A panic in it is raised again here.
+async fn detached<T: Send + 'static>(
+    work: impl Future<Output = T> + Send + 'static,
+) -> Result<T, PluginError> {
+    match tokio::spawn(in_nri_handler(work)).await {
+        Ok(done) => Ok(done),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(PluginError::failed(format!(
+            "nri-accel is shutting down; the event's work was stopped: {e}"
+        ))),
     }
 }
 
@@ -259,9 +286,37 @@ impl Plugin for NriPlugin {
             })
             .collect();
         let started = std::time::Instant::now();
-        let updates = self.agent.synchronize(&views).await;
+        // Adoption and mapping are answered; releasing the claims of containers that are gone
+        // goes on after the answer, in the same task, and the gate waits for it.
+        let agent = self.agent.clone();
         let pod_uids = pods.iter().map(|p| p.uid.clone()).collect();
-        self.agent.pods_present(&pod_uids).await;
+        let finished = self.agent.sync_started();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let work = tokio::spawn(in_nri_handler(async move {
+            let _finished = finished;
+            let synced = agent.synchronize(&views).await;
+            let _ = answer.send(synced.updates);
+            if !synced.gone.is_empty() {
+                tracing::info!(
+                    containers = synced.gone.len(),
+                    "releasing the claims of containers that are gone"
+                );
+            }
+            agent.release_gone(&synced.gone).await;
+            agent.pods_present(&pod_uids).await;
+        }));
+        let updates = match answered.await {
+            Ok(updates) => updates,
+            // The work ended without an answer: it panicked.
+            Err(_) => match work.await {
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                _ => {
+                    return Err(PluginError::failed(
+                        "nri-accel is shutting down; Synchronize was not completed",
+                    ));
+                }
+            },
+        };
         self.metrics
             .record_nri_event("Synchronize", started.elapsed(), false);
         tracing::info!(
@@ -280,7 +335,16 @@ impl Plugin for NriPlugin {
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
         let v = view(pod, container);
         let started = std::time::Instant::now();
-        let result = self.agent.create_container(&v, self.injection()).await;
+        let injection = self.injection();
+        let result = if self.agent.may_prepare(&v) {
+            let (agent, c) = (self.agent.clone(), v.clone());
+            detached(async move { agent.create_container(&c, injection).await })
+                .await
+                .and_then(|r| r.map_err(PluginError::failed))
+        } else {
+            // Nothing to prepare: no engine work to protect from the deadline.
+            (self.agent.create_container(&v, injection).await).map_err(PluginError::failed)
+        };
         self.metrics
             .record_nri_event("CreateContainer", started.elapsed(), result.is_err());
         match result {
@@ -293,7 +357,7 @@ impl Plugin for NriPlugin {
             }
             Err(e) => {
                 tracing::warn!(container = %v.id, error = %e, "container creation refused");
-                Err(PluginError::failed(e))
+                Err(e)
             }
         }
     }
@@ -313,10 +377,13 @@ impl Plugin for NriPlugin {
         container: &Container,
     ) -> Result<(), PluginError> {
         let started = std::time::Instant::now();
-        let result = self.agent.remove_container(&container.id).await;
+        let (agent, id) = (self.agent.clone(), container.id.clone());
+        let result = detached(async move { agent.remove_container(&id).await })
+            .await
+            .and_then(|r| r.map_err(PluginError::failed));
         self.metrics
             .record_nri_event("RemoveContainer", started.elapsed(), result.is_err());
-        result.map_err(PluginError::failed)
+        result
     }
 }
 

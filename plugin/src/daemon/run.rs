@@ -1,6 +1,6 @@
 //! Starting and stopping the daemon: config -> discovery -> node lock ->
 //! checkpoint -> reconcile -> claims API (gate closed) -> NRI -> Synchronize ->
-//! gate open.
+//! gate open; the gate closes again while the NRI connection is lost.
 
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::PathBuf;
@@ -234,7 +234,7 @@ impl Daemon {
         tasks.push(tokio::spawn(watch_connection(
             stub.subscribe(),
             stub.updater(),
-            engine.clone(),
+            agent.clone(),
             gate.clone(),
             metrics.clone(),
             health.clone(),
@@ -273,7 +273,7 @@ impl Daemon {
             }));
         }
         let e = engine.clone();
-        tasks.push(tokio::spawn(async move { retry_pending(e).await }));
+        tasks.push(tokio::spawn(flush_pending_updates(e)));
         let device_health = match config.discovery.health_check_secs {
             0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
             secs => {
@@ -387,40 +387,74 @@ impl Daemon {
     }
 }
 
-/// Follows the NRI connection: opens the gate after the first Synchronize has
-/// been answered, points pending updates at the live connection, and pushes
-/// what is pending after each (re)synchronization.
+/// Follows the NRI connection and keeps the gate in step with it: closed while the runtime is
+/// away, opened once a Synchronize on the new connection has been answered, its release work is
+/// done and the pending container updates were pushed (or found undeliverable and left pending).
+/// Points pending updates at the live connection. READY goes to systemd the first time only.
 async fn watch_connection(
     mut events: tokio::sync::broadcast::Receiver<StubEvent>,
     updater: Updater,
-    engine: Arc<Engine>,
+    agent: Arc<Agent>,
     gate: Gate,
     metrics: Arc<Metrics>,
     health: HealthState,
     reconnects: bool,
 ) {
+    let engine = agent.engine().clone();
+    let mut ready_sent = false;
+    // The settling of the latest Synchronize: its release work, then a push of what is pending.
+    let mut settling: Option<JoinHandle<usize>> = None;
     loop {
-        match events.recv().await {
-            Ok(StubEvent::Synchronized { pods, containers }) => {
-                engine.set_update_sink(Some(Arc::new(NriSink(updater.clone()))));
-                health.set_runtime_connected(true);
+        let event = tokio::select! {
+            // Events first: a connection lost while the settling finishes must not open the gate.
+            biased;
+            e = events.recv() => e,
+            done = async { settling.as_mut().expect("guarded").await }, if settling.is_some() => {
+                settling = None;
+                let pending = done.unwrap_or(0);
                 health.set_gate_open(true);
                 metrics.set_gate_open(true);
                 if gate.open() {
                     tracing::info!(
-                        pods,
-                        containers,
+                        pending_updates = pending,
                         "runtime synchronized: the gate is open, claims are served"
                     );
+                }
+                if !ready_sent {
+                    ready_sent = true;
                     let _ = crate::notify::Notifier::from_env()
                         .and_then(|n| n.ready("claims are served"));
                 }
+                continue;
+            }
+        };
+        match event {
+            Ok(StubEvent::Synchronized { pods, containers }) => {
+                engine.set_update_sink(Some(Arc::new(NriSink(updater.clone()))));
+                health.set_runtime_connected(true);
+                tracing::info!(
+                    pods,
+                    containers,
+                    "Synchronize answered; the gate opens once its release work and updates are done"
+                );
+                // A task of its own: work already started is not dropped if the connection is
+                // lost meanwhile; only the opening of the gate is.
+                let (a, e) = (agent.clone(), engine.clone());
+                settling = Some(tokio::spawn(async move {
+                    a.settled().await;
+                    e.flush_pending().await
+                }));
             }
             Ok(StubEvent::Disconnected { reason }) => {
                 engine.set_update_sink(None);
                 health.set_runtime_connected(false);
+                health.set_gate_open(false);
+                metrics.set_gate_open(false);
+                settling = None;
+                let closed = gate.close();
                 if reconnects {
-                    tracing::warn!(%reason, "NRI connection lost; reconnecting");
+                    tracing::warn!(%reason, gate_closed = closed,
+                        "NRI connection lost; the gate is closed (claims refused) until the runtime synchronizes again; reconnecting");
                 } else {
                     tracing::warn!(%reason, "NRI connection from the runtime that launched nri-accel closed; exiting");
                 }
@@ -432,11 +466,15 @@ async fn watch_connection(
     }
 }
 
-/// Retries pending container updates with backoff while any are pending.
-async fn retry_pending(engine: Arc<Engine>) {
+/// Pushes pending container updates: at once when work committed inside an NRI handler asks
+/// for it, and otherwise retries with backoff while any are pending.
+async fn flush_pending_updates(engine: Arc<Engine>) {
     let mut delay = Duration::from_millis(500);
     loop {
-        tokio::time::sleep(delay).await;
+        let woken = tokio::select! {
+            _ = engine.wait_for_pending_work() => true,
+            _ = tokio::time::sleep(delay) => false,
+        };
         if engine.pending_updates() == 0 {
             delay = Duration::from_millis(500);
             continue;
@@ -444,6 +482,8 @@ async fn retry_pending(engine: Arc<Engine>) {
         let left = engine.flush_pending().await;
         delay = if left == 0 {
             Duration::from_millis(500)
+        } else if woken {
+            delay
         } else {
             (delay * 2).min(Duration::from_secs(30))
         };

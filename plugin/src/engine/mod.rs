@@ -19,6 +19,7 @@ mod crash;
 mod device_plugin;
 mod edits;
 mod error;
+mod owners;
 mod pending;
 mod reconcile;
 mod record;
@@ -35,7 +36,7 @@ pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
 pub use error::EngineError;
-pub use pending::UpdateSink;
+pub use pending::{UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, plan};
 pub use record::{ClaimRecord, DevicePluginUser, Origin, PendingUpdate};
 
@@ -232,6 +233,11 @@ impl Engine {
         let (outcome, seq) = {
             let mut st = self.state();
             let outcome = allocate(&mut st.node)?;
+            if !outcome.already {
+                // Set with the allocation, so memory never shows the claim with another origin
+                // than its record's, whatever happens to the caller after the commit.
+                st.origins.insert(uid.to_string(), origin.clone());
+            }
             st.seq += 1;
             (outcome, st.seq)
         };
@@ -254,16 +260,19 @@ impl Engine {
         if let Err(e) = committed {
             if !e.is_crash() {
                 // Nothing durable changed: bring memory back to the committed state.
-                self.state().node.release(uid);
+                let mut st = self.state();
+                st.node.release(uid);
+                if st.node.allocation(uid).is_none() {
+                    st.origins.remove(uid);
+                }
             }
             return Err(e);
         }
+        // The annotation path answers the updates in CreateContainer's response too.
         let in_handler = matches!(origin, Origin::Annotation { .. });
-        self.state().origins.insert(uid.to_string(), origin);
         self.step(CrashPoint::AfterCheckpoint)?;
-        // Inside an NRI handler (the annotation path) UpdateContainers must not be
-        // called: the updates go back in the handler's response instead.
-        if !outcome.updates.is_empty() && !in_handler {
+        // Inside an NRI handler this only wakes the flusher (see `pending`).
+        if !outcome.updates.is_empty() {
             self.flush_pending().await;
         }
         self.step(CrashPoint::AfterUpdatePush)?;
@@ -463,6 +472,12 @@ impl Engine {
         pending::flush(self).await
     }
 
+    /// Resolves when updates committed inside an NRI handler wait for someone to push them (the
+    /// daemon's flusher loops on this). A wake while nobody waits is kept for the next call.
+    pub async fn wait_for_pending_work(&self) {
+        pending::wait_for_work(self).await
+    }
+
     /// Drops pending updates of containers the runtime no longer has.
     pub async fn forget_containers_except(&self, live: &std::collections::BTreeSet<String>) {
         pending::forget_except(self, live).await
@@ -480,7 +495,8 @@ impl Engine {
     }
 
     /// A container was removed: the claims that lived with it (annotation and
-    /// adopted claims, and device plugin claims no other container uses) are released.
+    /// adopted claims, and device plugin claims no other container uses) are released, and its
+    /// pending update is dropped.
     pub async fn container_removed(&self, container_id: &str) -> Result<(), EngineError> {
         let unused = {
             let mut st = self.state();
@@ -488,6 +504,7 @@ impl Engine {
             let _ = st.node.container_removed(container_id);
             device_plugin::left_unused(&st, container_id, &used.unwrap_or_default())
         };
+        pending::forget(self, container_id).await;
         for uid in unused {
             self.unprepare(&uid).await?;
         }

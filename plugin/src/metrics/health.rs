@@ -24,8 +24,7 @@ impl HealthState {
         Self::default()
     }
 
-    /// Record that the gate opened (it never closes again in a process's life, but the setter
-    /// takes a bool so tests and a future shutdown path can express both).
+    /// Record whether the gate is open (it closes while the NRI connection is lost).
     pub fn set_gate_open(&self, open: bool) {
         self.inner.gate_open.store(open, Ordering::Release);
     }

@@ -218,7 +218,7 @@ impl Metrics {
         );
         registry.register(
             "gate_open",
-            "1 once the claims API gate is open (runtime synchronized), 0 before",
+            "1 while the claims API gate is open (runtime connected and synchronized), 0 while it is closed",
             gate_open.clone(),
         );
 

@@ -528,3 +528,82 @@ pub async fn wait_path(p: &Path) {
     })
     .await
 }
+
+/// A fake runtime with `config` on the node's NRI socket, and the daemon started against it,
+/// synchronized with the gate open.
+pub async fn start_with(
+    node: &TestNode,
+    config: fake_runtime::RuntimeConfig,
+) -> (FakeRuntime, DaemonProc) {
+    let fake = FakeRuntime::start_with(&node.nri_socket, config)
+        .await
+        .expect("fake runtime");
+    let daemon = node.spawn(&[]);
+    fake.wait_synchronized(1, WAIT).await.expect("synchronized");
+    node.client_gate_open().await;
+    (fake, daemon)
+}
+
+/// The claim UIDs the claims API lists.
+pub async fn list_uids(client: &ClaimsClient) -> BTreeSet<String> {
+    client
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|c| c.uid)
+        .collect()
+}
+
+/// A loopback port nothing listens on (for the metrics server).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.1 GET over a fresh connection; (status, body). `None` while nothing listens.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(WAIT)).ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// [`http_get`] off the async threads.
+pub async fn http_get_async(
+    addr: std::net::SocketAddr,
+    path: &'static str,
+) -> Option<(u16, String)> {
+    tokio::task::spawn_blocking(move || http_get(addr, path))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Waits for a daemon started with a crash step to abort there (SIGABRT), and checks that its
+/// log names the step.
+pub async fn assert_died_at(dying: &mut DaemonProc, step: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let st = dying.wait_exit().await;
+    assert_eq!(
+        st.signal(),
+        Some(nix::sys::signal::Signal::SIGABRT as i32),
+        "{step}: {st:?}; log:\n{}",
+        dying.log_text()
+    );
+    assert!(
+        dying.log_text().contains(step),
+        "the log names the step: {}",
+        dying.log_text()
+    );
+}

@@ -3,7 +3,7 @@
 //! Configure and Synchronize, and plugin calls with the request timeout.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ impl FakeRuntime {
             pending: Mutex::new(HashMap::new()),
             next_stream: AtomicU32::new(1),
             kill,
+            events: Mutex::new(Default::default()),
+            next_event: AtomicU64::new(0),
+            event_ended: watch::channel(0).0,
         });
         let rt = self.clone();
         let mut killed = conn.kill.subscribe();
@@ -227,6 +230,9 @@ impl FakeRuntime {
                 let Ok(r) = UpdateContainersRequest::parse_from_bytes(&req.payload) else {
                     return err(CODE_UNKNOWN, "bad UpdateContainersRequest".into());
                 };
+                if self.inner.config.updates_wait_for_events && !self.wait_for_events(conn).await {
+                    return err(CODE_UNKNOWN, "the plugin's connection closed".into());
+                }
                 let mut resp = UpdateContainersResponse::new();
                 {
                     let mut st = self.state();
@@ -291,12 +297,47 @@ impl FakeRuntime {
         let c = conn.clone();
         tokio::spawn(async move {
             tokio::task::yield_now().await;
+            let mut held = rt.inner.hold_sync.subscribe();
+            let mut killed = c.kill.subscribe();
+            tokio::select! {
+                _ = held.wait_for(|h| !*h) => {}
+                _ = killed.wait_for(|k| *k) => return,
+            }
             match rt.synchronize(&c).await {
                 Ok(()) => rt.inner.synced.send_modify(|n| *n += 1),
                 Err(e) => rt.fail(&c, format!("synchronize failed: {e}")),
             }
         });
         Ok(())
+    }
+
+    /// Waits until every event request outstanding now has ended (answered, failed or timed
+    /// out), as the lock of an NRI runtime before v0.12.1 makes UpdateContainers wait. Later
+    /// requests do not hold it up. `false` when the connection was dropped meanwhile.
+    async fn wait_for_events(&self, conn: &PluginConn) -> bool {
+        let mark = conn.next_event.load(Ordering::SeqCst);
+        let mut ended = conn.event_ended.subscribe();
+        let mut killed = conn.kill.subscribe();
+        let mut waited = false;
+        loop {
+            let clear = conn
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .first()
+                .is_none_or(|first| *first >= mark);
+            if clear {
+                if waited {
+                    self.state().updates_held += 1;
+                }
+                return true;
+            }
+            waited = true;
+            tokio::select! {
+                _ = ended.changed() => {}
+                _ = killed.wait_for(|k| *k) => return false,
+            }
+        }
     }
 
     pub(super) async fn synchronize(&self, conn: &Arc<PluginConn>) -> Result<(), FakeError> {
@@ -372,6 +413,8 @@ impl FakeRuntime {
             )));
         }
         let sid = conn.next_stream.fetch_add(2, Ordering::Relaxed);
+        // Every request but Configure is an event the runtime's lock is held for.
+        let _event = (method != "Configure").then(|| EventTurn::begin(conn));
         let framed = wire::frame_request(1, sid, (PLUGIN_SERVICE, method), payload, timeout_nano);
         let (tx, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -429,5 +472,31 @@ impl FakeRuntime {
                 let _ = w.tx.send(None);
             }
         }
+    }
+}
+
+/// An event request in flight, for [`FakeRuntime::wait_for_events`]; ends when dropped.
+struct EventTurn<'a> {
+    conn: &'a PluginConn,
+    order: u64,
+}
+
+impl<'a> EventTurn<'a> {
+    fn begin(conn: &'a PluginConn) -> EventTurn<'a> {
+        let mut events = conn.events.lock().unwrap_or_else(|e| e.into_inner());
+        let order = conn.next_event.fetch_add(1, Ordering::SeqCst);
+        events.insert(order);
+        EventTurn { conn, order }
+    }
+}
+
+impl Drop for EventTurn<'_> {
+    fn drop(&mut self) {
+        self.conn
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.order);
+        self.conn.event_ended.send_modify(|n| *n += 1);
     }
 }
