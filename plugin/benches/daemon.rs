@@ -23,7 +23,7 @@ use fake_runtime::FakeRuntime;
 use nri_accel::claims_api::{
     ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, Family, Selector,
 };
-use proc_node::{DaemonProc, Layout};
+use proc_node::{DaemonProc, Layout, env_usize, ms, pct};
 
 const LAYOUT: Layout = Layout {
     exclusive: 0,
@@ -32,29 +32,6 @@ const LAYOUT: Layout = Layout {
     sliced: 0,
     cpus_per_device: 0,
 };
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn pct(mut v: Vec<Duration>) -> String {
-    v.sort();
-    let n = v.len();
-    let p = |q: f64| v[((n as f64 * q) as usize).min(n - 1)];
-    format!(
-        "p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms  (n={n})",
-        ms(p(0.5)),
-        ms(p(0.99)),
-        ms(v[n - 1])
-    )
-}
 
 fn spec(uid: &str) -> ClaimSpec {
     ClaimSpec {

@@ -22,7 +22,7 @@ use nri_accel::claims_api::{ClaimAsk, ClaimSpec, CountAsk, Family, Selector};
 use nri_accel::device_health::{DeviceHealth, HealthMonitor, HealthReport};
 use nri_accel::gate::Gate;
 use nri_accel::kubelet::device_plugin::DevicePlugins;
-use proc_node::{DaemonProc, Layout};
+use proc_node::{DaemonProc, Layout, env_usize, pct};
 
 const LAYOUT: Layout = Layout {
     exclusive: 8,
@@ -34,29 +34,6 @@ const LAYOUT: Layout = Layout {
 const SHARED: &str = "accel.nri.io/shared";
 const WHOLE: &str = "accel.nri.io/whole";
 const WAIT: Duration = Duration::from_secs(60);
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn pct(mut v: Vec<Duration>) -> String {
-    v.sort();
-    let n = v.len();
-    let p = |q: f64| v[((n as f64 * q) as usize).min(n - 1)];
-    format!(
-        "p50 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms  (n={n})",
-        ms(p(0.5)),
-        ms(p(0.99)),
-        ms(v[n - 1])
-    )
-}
 
 fn spec(uid: &str) -> ClaimSpec {
     ClaimSpec {

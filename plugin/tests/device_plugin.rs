@@ -250,16 +250,10 @@ async fn registers_lists_numa_nodes_and_streams_health_changes() {
     s.health.send_replace(Arc::new(report));
     let p = s
         .kubelet
-        .wait_plugin(WHOLE, WAIT, |p| p.devices.iter().any(|d| !d.healthy))
+        .wait_plugin(WHOLE, WAIT, |p| !p.unhealthy().is_empty())
         .await
         .unwrap();
-    let sick: Vec<&str> = p
-        .devices
-        .iter()
-        .filter(|d| !d.healthy)
-        .map(|d| d.id.as_str())
-        .collect();
-    assert_eq!(sick, ["gpu1"]);
+    assert_eq!(p.unhealthy(), ["gpu1"]);
     let st = s.plugins.status();
     assert_eq!(st.resources[0].unhealthy[0].id, "gpu1");
     assert!(st.resources[0].unhealthy[0].reason.contains("unbound"));
@@ -310,11 +304,10 @@ async fn preferred_allocations_are_numa_local_and_skip_units_held_elsewhere() {
         .unwrap();
     let p = s
         .kubelet
-        .wait_plugin(WHOLE, WAIT, |p| p.devices.iter().any(|d| !d.healthy))
+        .wait_plugin(WHOLE, WAIT, |p| !p.unhealthy().is_empty())
         .await
         .unwrap();
-    assert_eq!(p.devices.iter().filter(|d| !d.healthy).count(), 1);
-    assert!(!p.devices[0].healthy, "gpu0 is held by dra-1");
+    assert_eq!(p.unhealthy(), ["gpu0"], "gpu0 is held by dra-1");
     let mut two = client.preferred(&all, &[], 2).await.unwrap();
     two.sort();
     assert_eq!(two, ["gpu1", "gpu3"]);

@@ -73,15 +73,6 @@ async fn start(n: &Node) -> (FakeRuntime, DevicePluginKubelet, DaemonProc) {
     (fake, kubelet, daemon)
 }
 
-fn last_adjustment(fake: &FakeRuntime, id: &str) -> nri_proto::api::ContainerAdjustment {
-    fake.adjustments()
-        .into_iter()
-        .rev()
-        .find(|(c, _)| c == id)
-        .map(|(_, a)| a)
-        .unwrap_or_else(|| panic!("no adjustment for {id}"))
-}
-
 fn resource<'a>(doc: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     doc["device_plugins"]["resources"]
         .as_array()
@@ -184,16 +175,10 @@ async fn a_vanished_device_node_streams_unhealthy_and_back() {
     let (_fake, kubelet, _daemon) = start(&n).await;
     std::fs::rename(n.root.join("dev/nvidia1"), n.root.join("dev/gone")).unwrap();
     let p = kubelet
-        .wait_plugin(WHOLE, WAIT, |p| p.devices.iter().any(|d| !d.healthy))
+        .wait_plugin(WHOLE, WAIT, |p| !p.unhealthy().is_empty())
         .await
         .expect("gpu1 unhealthy");
-    let sick: Vec<&str> = p
-        .devices
-        .iter()
-        .filter(|d| !d.healthy)
-        .map(|d| d.id.as_str())
-        .collect();
-    assert_eq!(sick, ["gpu1"]);
+    assert_eq!(p.unhealthy(), ["gpu1"]);
     let doc = n.node.status_json().await;
     let why = resource(&doc, WHOLE)["unhealthy"][0]["reason"]
         .as_str()

@@ -65,6 +65,31 @@ async fn start(
     daemon
 }
 
+/// The runtime creates container `c-train-0001` of pod `train` with the CDI names of `answer`.
+async fn create_train(
+    fake: &FakeRuntime,
+    answer: &kube_sim::kubelet::deviceplugin_wire::ContainerAllocateResponse,
+) -> (nri_proto::api::PodSandbox, nri_proto::api::Container) {
+    let cdi: Vec<String> = answer.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    let p = pod("train", &[]);
+    fake.add_pod(p.clone());
+    let c = container("c-train-0001", &p, "app", &cdi);
+    fake.create_container(&p, &c).await.expect("create");
+    fake.add_container(c.clone());
+    (p, c)
+}
+
+/// A node, its runtime and kubelet, and the daemon started with `env`, registered.
+async fn first_start(
+    env: &[(&str, &str)],
+) -> (TestNode, FakeRuntime, DevicePluginKubelet, DaemonProc) {
+    let (node, dp_dir) = test_node();
+    let fake = runtime(&node).await;
+    let kubelet = DevicePluginKubelet::start(&dp_dir).unwrap();
+    let daemon = start(&node, &fake, &kubelet, 1, env).await;
+    (node, fake, kubelet, daemon)
+}
+
 async fn wait_registrations(kubelet: &DevicePluginKubelet, n: u64) {
     let deadline = std::time::Instant::now() + WAIT;
     while kubelet.registrations(WHOLE) < n || !kubelet.plugin(WHOLE).is_some_and(|p| p.streaming) {
@@ -75,10 +100,7 @@ async fn wait_registrations(kubelet: &DevicePluginKubelet, n: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_between_allocate_and_create_container() {
-    let (node, dp_dir) = test_node();
-    let fake = runtime(&node).await;
-    let kubelet = DevicePluginKubelet::start(&dp_dir).unwrap();
-    let mut daemon = start(&node, &fake, &kubelet, 1, &[]).await;
+    let (node, fake, kubelet, mut daemon) = first_start(&[]).await;
     let (ids, answer) = kubelet.admit("train/app", WHOLE, 1).await.unwrap();
     daemon.kill9().await;
 
@@ -102,12 +124,7 @@ async fn killed_between_allocate_and_create_container() {
     assert!(err.to_string().contains("has not started yet"), "{err}");
 
     // The container is created with the names from before the crash: it holds the claim.
-    let cdi: Vec<String> = answer.cdi_devices.iter().map(|d| d.name.clone()).collect();
-    let p = pod("train", &[]);
-    fake.add_pod(p.clone());
-    let c = container("c-train-0001", &p, "app", &cdi);
-    fake.create_container(&p, &c).await.expect("create");
-    fake.add_container(c);
+    create_train(&fake, &answer).await;
     let doc = consistent(&node).await;
     let held = &doc["device_plugins"]["resources"][0]["held"][0];
     assert_eq!(held["containers"][0], "c-train-0001", "{doc:#}");
@@ -116,17 +133,9 @@ async fn killed_between_allocate_and_create_container() {
 /// The container is removed while nri-accel is dead (its RemoveContainer never arrives).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_then_the_container_and_pod_go_before_the_release() {
-    let (node, dp_dir) = test_node();
-    let fake = runtime(&node).await;
-    let kubelet = DevicePluginKubelet::start(&dp_dir).unwrap();
-    let mut daemon = start(&node, &fake, &kubelet, 1, &[]).await;
+    let (node, fake, kubelet, mut daemon) = first_start(&[]).await;
     let (ids, answer) = kubelet.admit("train/app", WHOLE, 1).await.unwrap();
-    let cdi: Vec<String> = answer.cdi_devices.iter().map(|d| d.name.clone()).collect();
-    let p = pod("train", &[]);
-    fake.add_pod(p.clone());
-    let c = container("c-train-0001", &p, "app", &cdi);
-    fake.create_container(&p, &c).await.expect("create");
-    fake.add_container(c);
+    let (p, _c) = create_train(&fake, &answer).await;
     daemon.kill9().await;
     fake.forget_container("c-train-0001");
     fake.forget_pod(&p.id);
@@ -145,17 +154,9 @@ async fn killed_then_the_container_and_pod_go_before_the_release() {
 /// finished (its spec is still there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_inside_remove_container_before_the_release_finished() {
-    let (node, dp_dir) = test_node();
-    let fake = runtime(&node).await;
-    let kubelet = DevicePluginKubelet::start(&dp_dir).unwrap();
-    let mut dying = start(&node, &fake, &kubelet, 1, &[(CRASH_ENV, "after-release")]).await;
+    let (node, fake, kubelet, mut dying) = first_start(&[(CRASH_ENV, "after-release")]).await;
     let (ids, answer) = kubelet.admit("train/app", WHOLE, 1).await.unwrap();
-    let cdi: Vec<String> = answer.cdi_devices.iter().map(|d| d.name.clone()).collect();
-    let p = pod("train", &[]);
-    fake.add_pod(p.clone());
-    let c = container("c-train-0001", &p, "app", &cdi);
-    fake.create_container(&p, &c).await.expect("create");
-    fake.add_container(c.clone());
+    let (p, c) = create_train(&fake, &answer).await;
     let r = fake.notify(Event::REMOVE_CONTAINER, &p, Some(&c)).await;
     assert!(r.is_err(), "the daemon answered {r:?} instead of dying");
     let st = dying.wait_exit().await;

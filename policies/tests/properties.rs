@@ -136,6 +136,25 @@ fn build(w: &World) -> Node {
     .unwrap()
 }
 
+/// DRA results naming published devices picked by index (none when nothing is published).
+fn named_ask(published: &[policies::PublishedDevice], picks: &[usize]) -> Ask {
+    Ask::Named(
+        picks
+            .iter()
+            .enumerate()
+            .filter(|_| !published.is_empty())
+            .map(|(i, p)| {
+                let d = &published[p % published.len()];
+                NamedResult {
+                    request: format!("r{i}"),
+                    pool: d.pool.clone(),
+                    device: d.name.clone(),
+                }
+            })
+            .collect(),
+    )
+}
+
 /// A count request: mostly consistent with one family, sometimes not.
 fn count_request(i: usize, (count, kind, pick, odd): (u32, u8, u8, bool)) -> CountRequest {
     let profiles = ["1g.10gb", "2g.20gb", "4g.40gb", "7g.80gb", "9g.90gb"];
@@ -306,21 +325,7 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         uid: uid(*u),
                         namespace: "ns".into(),
                         name: "n".into(),
-                        ask: Ask::Named(
-                            picks
-                                .iter()
-                                .enumerate()
-                                .filter(|_| !published.is_empty())
-                                .map(|(i, p)| {
-                                    let d = &published[p % published.len()];
-                                    NamedResult {
-                                        request: format!("r{i}"),
-                                        pool: d.pool.clone(),
-                                        device: d.name.clone(),
-                                    }
-                                })
-                                .collect(),
-                        ),
+                        ask: named_ask(&published, picks),
                     },
                     Op::Count { uid: u, reqs } => ClaimRequest {
                         uid: uid(*u),
@@ -529,22 +534,8 @@ fn drive(n: &mut Node, w: &World, ops: &[Op]) {
     let published = n.published();
     for op in ops {
         match op {
-            Op::Named { uid: u, picks } if !published.is_empty() => {
-                let ask = Ask::Named(
-                    picks
-                        .iter()
-                        .enumerate()
-                        .map(|(i, p)| {
-                            let d = &published[p % published.len()];
-                            NamedResult {
-                                request: format!("r{i}"),
-                                pool: d.pool.clone(),
-                                device: d.name.clone(),
-                            }
-                        })
-                        .collect(),
-                );
-                let _ = n.allocate(&claim(&uid(*u), ask));
+            Op::Named { uid: u, picks } => {
+                let _ = n.allocate(&claim(&uid(*u), named_ask(&published, picks)));
             }
             Op::Count { uid: u, reqs } => {
                 let reqs = reqs

@@ -53,6 +53,17 @@ pub struct RegisteredDevicePlugin {
     pub streaming: bool,
 }
 
+impl RegisteredDevicePlugin {
+    /// IDs of the devices the last list said are unhealthy, in list order.
+    pub fn unhealthy(&self) -> Vec<&str> {
+        self.devices
+            .iter()
+            .filter(|d| !d.healthy)
+            .map(|d| d.id.as_str())
+            .collect()
+    }
+}
+
 #[derive(Default)]
 struct State {
     plugins: BTreeMap<String, RegisteredDevicePlugin>,

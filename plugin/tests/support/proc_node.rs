@@ -220,3 +220,29 @@ impl Rng {
         self.below(100) < p
     }
 }
+
+/// An environment variable as a number, or `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// p50, p99 and max of the samples.
+pub fn pct(mut v: Vec<Duration>) -> String {
+    v.sort();
+    let n = v.len();
+    let p = |q: f64| v[((n as f64 * q) as usize).min(n - 1)];
+    format!(
+        "p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms  (n={n})",
+        ms(p(0.5)),
+        ms(p(0.99)),
+        ms(v[n - 1])
+    )
+}
