@@ -5,9 +5,10 @@ use crate::engine::EngineError;
 /// Why the kubelet's call to a device plugin was refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DevicePluginError {
-    /// The gate is closed: the runtime's containers have not reached the policy yet.
+    /// The gate is closed: the runtime's containers have not reached the policy (nri-accel is
+    /// starting, or its NRI connection is down until the next Synchronize).
     #[error(
-        "resource {resource}: nri-accel has not synchronized with the container runtime yet; retry once it has"
+        "resource {resource}: nri-accel is not synchronized with the container runtime (starting, or its NRI connection is down); retry once it is"
     )]
     NotReady {
         /// The resource.
