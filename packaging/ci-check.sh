@@ -74,6 +74,8 @@ for path in \
     usr/share/doc/nri-accel/policy-guide.md \
     usr/share/doc/nri-accel/packaging.md \
     usr/share/doc/nri-accel/examples/claims-group.conf \
+    usr/share/doc/nri-accel/examples/device-plugin.conf \
+    usr/share/doc/nri-accel/device-plugin.md \
     usr/share/doc/nri-accel/examples/containerd-1.7/nri-accel.toml \
     usr/share/doc/nri-accel/examples/containerd-2.x/nri-accel.toml \
     usr/share/doc/nri-accel/examples/crio/10-nri-accel.conf \

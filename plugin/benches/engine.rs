@@ -17,6 +17,8 @@
 #[path = "../tests/support/proc_node.rs"]
 mod proc_node;
 
+use proc_node::{env_usize, ms};
+
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -33,13 +35,6 @@ use policies::{
 
 const BOOT: &str = "00000000-1111-2222-3333-444444444444";
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn pct(mut v: Vec<Duration>) -> String {
     v.sort();
     let n = v.len();
@@ -51,10 +46,6 @@ fn pct(mut v: Vec<Duration>) -> String {
         ms(p(0.99)),
         ms(mean)
     )
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 fn base_dir() -> PathBuf {

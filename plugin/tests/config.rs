@@ -284,3 +284,89 @@ fn multiple_documents_are_refused() {
     let e = err("log: {level: info}\n---\nlog: {level: debug}\n");
     assert!(matches!(e, ConfigError::Syntax { .. }), "{e:?}");
 }
+
+const SLICED_POOLS: &str = "pools:
+  - name: whole
+    select: { ids: [g0] }
+    family: { kind: exclusive }
+  - name: mig
+    select: { ids: [g1] }
+    family:
+      kind: sliced
+      slots: 8
+      profiles:
+        - { name: 1g, size: 1, starts: [0, 1, 2, 3, 4, 5, 6, 7] }
+        - { name: 4g, size: 4, starts: [0, 4] }
+";
+
+fn device_plugin_error(section: &str) -> (String, String) {
+    match err(&format!("{SLICED_POOLS}device_plugin:\n{section}")) {
+        ConfigError::Invalid { field, message, .. } => (field, message),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn device_plugin_layouts_and_names_are_checked_naming_the_pool() {
+    let ok = Config::from_yaml(
+        &format!(
+            "{SLICED_POOLS}device_plugin:\n  enabled: true\n  slice_layouts:\n    mig:\n      - {{ profile: 4g, start: 0 }}\n      - {{ profile: 1g, start: 4 }}\n      - {{ profile: 1g, start: 7 }}\n"
+        ),
+        "t.yaml",
+    )
+    .unwrap();
+    assert_eq!(ok.device_plugin.slice_layouts["mig"].len(), 3);
+
+    let (field, m) = device_plugin_error(
+        "  slice_layouts:\n    mig:\n      - { profile: 4g, start: 0 }\n      - { profile: 1g, start: 2 }\n",
+    );
+    assert_eq!(field, "device_plugin.slice_layouts");
+    assert!(
+        m.contains("pool \"mig\"") && m.contains("4g@0 and 1g@2 overlap at slot 2"),
+        "{m}"
+    );
+    let (_, m) =
+        device_plugin_error("  slice_layouts:\n    mig:\n      - { profile: 2g, start: 0 }\n");
+    assert!(
+        m.contains("pool \"mig\"") && m.contains("profile 2g is not defined"),
+        "{m}"
+    );
+    let (_, m) =
+        device_plugin_error("  slice_layouts:\n    whole:\n      - { profile: 1g, start: 0 }\n");
+    assert!(
+        m.contains("pool \"whole\"") && m.contains("only sliced pools"),
+        "{m}"
+    );
+    let (_, m) =
+        device_plugin_error("  slice_layouts:\n    gone:\n      - { profile: 1g, start: 0 }\n");
+    assert!(m.contains("pool \"gone\", which is not defined"), "{m}");
+    let (field, m) = device_plugin_error("  pools: [whole, nope]\n");
+    assert_eq!(field, "device_plugin.pools[1]");
+    assert!(m.contains("\"nope\""), "{m}");
+    let (field, m) = device_plugin_error("  resource_prefix: Accel_Example\n");
+    assert_eq!(field, "device_plugin.resource_prefix");
+    assert!(m.contains("DNS subdomain"), "{m}");
+    let (field, _) = device_plugin_error("  dir: relative/dir\n");
+    assert_eq!(field, "device_plugin.dir");
+    let e = err(&format!("{SLICED_POOLS}device_plugin:\n  unknown: 1\n"));
+    assert!(matches!(e, ConfigError::Syntax { .. }), "{e:?}");
+}
+
+#[test]
+fn the_device_plugin_daemonset_config_is_valid() {
+    let manifest = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../packaging/kubernetes/nri-accel-device-plugin.yaml"),
+    )
+    .unwrap();
+    let text: String = manifest
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("config.yaml: |"))
+        .skip(1)
+        .take_while(|l| *l != "---")
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let cfg = Config::from_yaml(&text, "daemonset").unwrap();
+    assert!(cfg.device_plugin.enabled);
+    assert_eq!(cfg.discovery.root, PathBuf::from("/host"));
+}

@@ -23,6 +23,16 @@ fn demo_completes_and_shows_cdi_ids_and_an_adjustment() {
     );
     assert!(stdout.contains("refused, as it must be"), "{stdout}");
     assert!(
+        stdout.contains(
+            "GetPreferredAllocation picked gpu1; Allocate answered accel.nri.io/device=claim-dp-"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("is still held by container c-serve-"),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("rolled back (record without spec): claim-crash"),
         "{stdout}"
     );

@@ -7,19 +7,10 @@
 mod e2e_common;
 
 use e2e_common::*;
-use fake_runtime::{FakeError, FakeRuntime, RuntimeConfig};
+use fake_runtime::{FakeError, RuntimeConfig};
 use nri_proto::api::Event;
 
 const KEY: &str = "accel.nri.io/container.app";
-
-fn last_adjustment(fake: &FakeRuntime, id: &str) -> nri_proto::api::ContainerAdjustment {
-    fake.adjustments()
-        .into_iter()
-        .rev()
-        .find(|(c, _)| c == id)
-        .map(|(_, a)| a)
-        .unwrap_or_else(|| panic!("no adjustment for {id}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn annotation_grant_as_device_nodes_then_released_on_remove() {

@@ -20,13 +20,30 @@ pub struct ClaimRequest {
     pub ask: Ask,
 }
 
-/// What a claim asks for: named devices (DRA results) or counts the node chooses.
+/// What a claim asks for: named devices (DRA results), counts the node chooses, or exact units
+/// someone else chose (the kubelet, for a device plugin).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ask {
     /// DRA allocation results: take exactly these published devices or refuse.
     Named(Vec<NamedResult>),
     /// Counts with a selector: the node chooses the devices.
     Count(Vec<CountRequest>),
+    /// Exactly these units of these devices, or refuse: a device plugin's Allocate, where the
+    /// kubelet picked one advertised device per result (a whole device, one replica, one slice).
+    Units(Vec<UnitResult>),
+}
+
+/// One exact unit of one device of a pool, asked for as one result.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct UnitResult {
+    /// The request name inside the claim.
+    pub request: String,
+    /// The pool the device belongs to.
+    pub pool: String,
+    /// The device's id in the inventory.
+    pub device_id: String,
+    /// The part of the device asked for.
+    pub unit: Unit,
 }
 
 /// One DRA allocation result: a published device of a pool.
@@ -118,6 +135,36 @@ pub enum Unit {
         /// Slots covered.
         size: u32,
     },
+}
+
+impl std::fmt::Display for Unit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unit::Whole => f.write_str("the whole device"),
+            Unit::Share { index, count: 1 } => write!(f, "replica {index}"),
+            Unit::Share { index, count } => {
+                write!(
+                    f,
+                    "replicas {index} to {}",
+                    index.saturating_add(count.saturating_sub(1))
+                )
+            }
+            Unit::Slice {
+                profile,
+                start,
+                size: 0 | 1,
+            } => write!(f, "a {profile} slice at slot {start}"),
+            Unit::Slice {
+                profile,
+                start,
+                size,
+            } => write!(
+                f,
+                "a {profile} slice at slots {start} to {}",
+                start.saturating_add(size - 1)
+            ),
+        }
+    }
 }
 
 /// The answer to an allocation.

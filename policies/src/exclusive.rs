@@ -69,7 +69,7 @@ impl UnitModel for Exclusive {
     fn place(&mut self, dev: usize, unit: &Unit, claim: &str) -> Result<(), PlaceError> {
         if *unit != Unit::Whole {
             return Err(PlaceError::Invalid(format!(
-                "an exclusive device has no unit {unit:?}"
+                "an exclusive device is only handed out whole, not as {unit}"
             )));
         }
         if let Some(holder) = &self.holders[dev] {

@@ -19,6 +19,7 @@ pub mod naming;
 mod node;
 mod policy;
 mod pool;
+mod prefer;
 mod refusal;
 mod registry;
 mod restore;
@@ -29,6 +30,7 @@ mod units;
 
 pub use claim::{
     Allocation, Ask, ClaimRequest, ClaimUid, CountRequest, Grant, NamedResult, Outcome, Unit,
+    UnitResult,
 };
 pub use cpuset::{CpuSet, CpuSetParseError, MAX_CPU_ID};
 pub use device::{Device, DeviceNode, Inventory, NodeKind};
@@ -40,6 +42,7 @@ pub use policy::{
     PublishedKind,
 };
 pub use pool::{DeviceSelector, FamilyConfig, FamilyKind, PoolConfig, ProfileConfig};
+pub use prefer::Candidate;
 pub use refusal::{PolicyError, Refusal, RefusalReason};
 pub use registry::{PolicyFactory, Registry};
 pub use shared::{MAX_REPLICAS, shared};

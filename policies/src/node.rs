@@ -9,7 +9,7 @@ use crate::naming::pci_root;
 use crate::{
     Allocation, Ask, ClaimRequest, ClaimUid, ContainerEdits, ContainerUpdate, CountRequest, CpuSet,
     Device, FamilyKind, Grant, Inventory, NamedResult, Near, Outcome, Policy, PolicyError,
-    PoolConfig, PoolRequest, PublishedDevice, Refusal, RefusalReason, Registry,
+    PoolConfig, PoolRequest, PublishedDevice, Refusal, RefusalReason, Registry, UnitResult,
 };
 
 /// One pool: its config and its policy.
@@ -228,7 +228,54 @@ impl Node {
                     self.take_count(&req.uid, r, grants)?;
                 }
             }
+            Ask::Units(units) => {
+                if units.is_empty() {
+                    return invalid("it names no device".to_string());
+                }
+                let mut seen = BTreeSet::new();
+                for u in units {
+                    if !seen.insert((&u.device_id, &u.unit)) {
+                        return invalid(format!(
+                            "{} of device {} is named twice",
+                            u.unit, u.device_id
+                        ));
+                    }
+                }
+                for u in units {
+                    self.take_unit(&req.uid, u, grants)?;
+                }
+            }
         }
+        Ok(())
+    }
+
+    fn take_unit(
+        &mut self,
+        uid: &str,
+        u: &UnitResult,
+        grants: &mut Vec<Grant>,
+    ) -> Result<(), Refusal> {
+        let Some(&p) = self.pool_index.get(&u.pool) else {
+            return Err(Refusal::new(
+                uid,
+                Some(&u.device_id),
+                RefusalReason::NoPool {
+                    pool: u.pool.clone(),
+                },
+            ));
+        };
+        if self.device_pool.get(&u.device_id) != Some(&p) {
+            return Err(Refusal::new(
+                uid,
+                Some(&u.device_id),
+                RefusalReason::UnknownDevice,
+            ));
+        }
+        grants.push(
+            self.pools[p]
+                .policy
+                .place(uid, &u.request, &u.device_id, &u.unit)?,
+        );
         Ok(())
     }
 
@@ -545,5 +592,28 @@ impl Node {
         self.pool_index
             .get(pool)
             .map(|&p| self.pools[p].policy.family())
+    }
+
+    /// The devices of the pool named `pool`, sorted by id.
+    pub fn pool_devices(&self, pool: &str) -> Option<&[Device]> {
+        self.pool_index
+            .get(pool)
+            .map(|&p| self.pools[p].policy.devices())
+    }
+
+    /// The containers known to use claim `uid` (started and not removed), sorted.
+    pub fn users_of(&self, uid: &str) -> impl Iterator<Item = &str> {
+        self.users
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+    }
+
+    /// The claims container `container_id` was started with, if the node knows it.
+    pub fn claims_of(&self, container_id: &str) -> Option<&[ClaimUid]> {
+        self.containers
+            .get(container_id)
+            .map(|c| c.claims.as_slice())
     }
 }

@@ -174,6 +174,33 @@ pub trait Policy: Send {
     /// Returns what was released.
     fn release(&mut self, claim: &str) -> Vec<Grant>;
 
+    /// Takes exactly `unit` of device `device_id` for one result of `claim` (the kubelet chose
+    /// it for a device plugin). Idempotent: a unit the claim already holds for `request` is
+    /// answered again. A unit held by another claim is refused naming that claim; a unit the
+    /// device does not have is refused as invalid. A refusal changes nothing.
+    ///
+    /// The default refuses: a policy that cannot take a given unit is not served to the
+    /// kubelet's device plugin API (the built-in families all can).
+    fn place(
+        &mut self,
+        claim: &str,
+        request: &str,
+        device_id: &str,
+        unit: &Unit,
+    ) -> Result<Grant, Refusal> {
+        let _ = (request, unit);
+        Err(Refusal::new(
+            claim,
+            Some(device_id),
+            crate::RefusalReason::InvalidRequest {
+                why: format!(
+                    "the {} policy cannot take a unit chosen by someone else",
+                    self.family()
+                ),
+            },
+        ))
+    }
+
     /// Marks a device found in use without a record as held by `claim`: the
     /// whole device, or one share on shared pools.
     fn adopt(&mut self, claim: &str, device_id: &str) -> Result<Grant, Refusal>;

@@ -486,6 +486,44 @@ impl<M: UnitModel> Policy for UnitPolicy<M> {
         held.iter().map(|h| self.grant_of(h)).collect()
     }
 
+    fn place(
+        &mut self,
+        claim: &str,
+        request: &str,
+        device_id: &str,
+        unit: &Unit,
+    ) -> Result<Grant, Refusal> {
+        let Some(&dev) = self.index.get(device_id) else {
+            return Err(Refusal::new(
+                claim,
+                Some(device_id),
+                RefusalReason::UnknownDevice,
+            ));
+        };
+        if let Some(h) = self.claims.get(claim).and_then(|held| {
+            held.iter()
+                .find(|h| h.dev == dev && &*h.request == request && h.unit == *unit)
+        }) {
+            return Ok(self.grant_of(h));
+        }
+        let refuse = |reason| Err(Refusal::new(claim, Some(device_id), reason));
+        match self.model.place(dev, unit, claim) {
+            Ok(()) => {}
+            Err(PlaceError::Held(holder)) if holder == claim => {
+                return refuse(RefusalReason::InvalidRequest {
+                    why: format!("its results overlap on device {device_id}"),
+                });
+            }
+            Err(PlaceError::Held(holder)) => {
+                return refuse(RefusalReason::HeldByOther { holder });
+            }
+            Err(PlaceError::Invalid(why)) => return refuse(RefusalReason::InvalidRequest { why }),
+        }
+        let g = self.grant(dev, request, unit.clone());
+        self.record(claim, &[(dev, g.clone())]);
+        Ok(g)
+    }
+
     fn adopt(&mut self, claim: &str, device_id: &str) -> Result<Grant, Refusal> {
         let Some(&dev) = self.index.get(device_id) else {
             return Err(Refusal::new(

@@ -4,7 +4,10 @@
 //! exclusively twice and the shared pool is exactly what is left, updates keep
 //! every container's cpuset current, release gives back exactly what allocate
 //! took, allocate is idempotent, and restoring a fresh node from the
-//! allocations reproduces the same snapshot.
+//! allocations reproduces the same snapshot. The kubelet's preferred-allocation query picks
+//! only free units, always includes what it must, keeps to one NUMA node when one suffices, does
+//! not depend on the order it is offered units in, changes nothing, and on whole devices picks
+//! exactly what a count claim would get.
 
 mod common;
 
@@ -12,8 +15,9 @@ use std::collections::BTreeMap;
 
 use common::*;
 use policies::{
-    Allocation, Ask, ClaimRequest, CountRequest, CpuSet, Device, FamilyConfig, FamilyKind,
-    Inventory, NamedResult, Node, PoolConfig, PoolUsage, Registry, Snapshot, Unit,
+    Allocation, Ask, Candidate, ClaimRequest, CountRequest, CpuSet, Device, DeviceSelector,
+    FamilyConfig, FamilyKind, Inventory, NamedResult, Node, PoolConfig, PoolUsage, Registry,
+    Snapshot, Unit, UnitResult,
 };
 use proptest::prelude::*;
 
@@ -91,6 +95,12 @@ enum Op {
         uid: u8,
         device: usize,
     },
+    /// Exact units, as a device plugin's Allocate names them.
+    Units {
+        uid: u8,
+        picks: Vec<usize>,
+        layout: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -105,6 +115,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(container, claims)| Op::Started { container, claims }),
         1 => (0u8..4).prop_map(|container| Op::Removed { container }),
         1 => (0u8..3, 0usize..16).prop_map(|(uid, device)| Op::Adopt { uid, device }),
+        2 => (0u8..10, prop::collection::vec(0usize..1000, 1..=3), 0u8..4)
+            .prop_map(|(uid, picks, layout)| Op::Units { uid, picks, layout }),
     ]
 }
 
@@ -122,6 +134,25 @@ fn build(w: &World) -> Node {
         &Registry::with_builtins(),
     )
     .unwrap()
+}
+
+/// DRA results naming published devices picked by index (none when nothing is published).
+fn named_ask(published: &[policies::PublishedDevice], picks: &[usize]) -> Ask {
+    Ask::Named(
+        picks
+            .iter()
+            .enumerate()
+            .filter(|_| !published.is_empty())
+            .map(|(i, p)| {
+                let d = &published[p % published.len()];
+                NamedResult {
+                    request: format!("r{i}"),
+                    pool: d.pool.clone(),
+                    device: d.name.clone(),
+                }
+            })
+            .collect(),
+    )
 }
 
 /// A count request: mostly consistent with one family, sometimes not.
@@ -283,27 +314,18 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let published = n.published();
     for op in ops {
         match op {
-            Op::Named { .. } | Op::Count { .. } => {
+            Op::Named { .. } | Op::Count { .. } | Op::Units { .. } => {
                 let req = match &op {
+                    Op::Units {
+                        uid: u,
+                        picks,
+                        layout,
+                    } => claim(&uid(*u), Ask::Units(units(&n, &w, picks, *layout))),
                     Op::Named { uid: u, picks } => ClaimRequest {
                         uid: uid(*u),
                         namespace: "ns".into(),
                         name: "n".into(),
-                        ask: Ask::Named(
-                            picks
-                                .iter()
-                                .enumerate()
-                                .filter(|_| !published.is_empty())
-                                .map(|(i, p)| {
-                                    let d = &published[p % published.len()];
-                                    NamedResult {
-                                        request: format!("r{i}"),
-                                        pool: d.pool.clone(),
-                                        device: d.name.clone(),
-                                    }
-                                })
-                                .collect(),
-                        ),
+                        ask: named_ask(&published, picks),
                     },
                     Op::Count { uid: u, reqs } => ClaimRequest {
                         uid: uid(*u),
@@ -477,5 +499,271 @@ proptest! {
     #[test]
     fn random_sequences_keep_the_invariants(w in world(), ops in prop::collection::vec(op(), 1..40)) {
         run(w, ops)?;
+    }
+}
+
+/// Exact units picked among everything the pools would advertise to a kubelet.
+fn units(n: &Node, w: &World, picks: &[usize], layout: u8) -> Vec<UnitResult> {
+    let all: Vec<(String, Candidate)> = (0..w.pools.len())
+        .flat_map(|p| {
+            advertised(n, w, p, layout)
+                .into_iter()
+                .map(move |c| (w.pools[p].name.clone(), c))
+        })
+        .collect();
+    if all.is_empty() {
+        return Vec::new();
+    }
+    picks
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let (pool, c) = all[k % all.len()].clone();
+            UnitResult {
+                request: format!("r{i}"),
+                pool,
+                device_id: c.device_id,
+                unit: c.unit,
+            }
+        })
+        .collect()
+}
+
+/// Applies `ops` to `n`, ignoring refusals: a random state of holdings to choose among.
+fn drive(n: &mut Node, w: &World, ops: &[Op]) {
+    let published = n.published();
+    for op in ops {
+        match op {
+            Op::Named { uid: u, picks } => {
+                let _ = n.allocate(&claim(&uid(*u), named_ask(&published, picks)));
+            }
+            Op::Count { uid: u, reqs } => {
+                let reqs = reqs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| count_request(i, *r))
+                    .collect();
+                let _ = n.allocate(&counted(&uid(*u), reqs));
+            }
+            Op::Release { uid: u } => {
+                n.release(&uid(*u));
+            }
+            Op::Adopt { uid: u, device } => {
+                let dev = &w.devices[device % w.devices.len()].id;
+                let _ = n.adopt(&format!("adopted-{u}"), dev);
+            }
+            Op::Units {
+                uid: u,
+                picks,
+                layout,
+            } => {
+                let ask = Ask::Units(units(n, w, picks, *layout));
+                let _ = n.allocate(&claim(&uid(*u), ask));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What a device plugin advertises for pool `p` of the world: whole devices, every replica of a
+/// shared device, or one of a few fixed non-overlapping slice layouts of a sliced device.
+fn advertised(n: &Node, w: &World, p: usize, layout: u8) -> Vec<Candidate> {
+    let pool = &w.pools[p];
+    let slices: Vec<Unit> = {
+        let s = |profile: &str, start: u32, size: u32| Unit::Slice {
+            profile: profile.to_string(),
+            start,
+            size,
+        };
+        match layout {
+            0 => (0..8).map(|i| s("1g.10gb", i, 1)).collect(),
+            1 => vec![s("4g.40gb", 0, 4), s("4g.40gb", 4, 4)],
+            2 => vec![
+                s("4g.40gb", 0, 4),
+                s("2g.20gb", 4, 2),
+                s("1g.10gb", 6, 1),
+                s("1g.10gb", 7, 1),
+            ],
+            _ => vec![Unit::Whole],
+        }
+    };
+    let mut out = Vec::new();
+    for d in n.pool_devices(&pool.name).unwrap_or_default() {
+        let units: Vec<Unit> = match &pool.family {
+            FamilyConfig::Shared { replicas, .. } => (0..*replicas)
+                .map(|index| Unit::Share { index, count: 1 })
+                .collect(),
+            FamilyConfig::Sliced { .. } => slices.clone(),
+            _ => vec![Unit::Whole],
+        };
+        out.extend(units.into_iter().map(|unit| Candidate {
+            device_id: d.id.clone(),
+            unit,
+        }));
+    }
+    out
+}
+
+/// Whether `c` is free in `snap` (no held unit overlaps it).
+fn free_in(snap: &Snapshot, c: &Candidate) -> bool {
+    snap.pools
+        .iter()
+        .flat_map(|p| p.devices.iter())
+        .find(|d| d.id == c.device_id)
+        .is_some_and(|d| {
+            let mine = range(&c.unit, d.units_total);
+            d.held.iter().all(|h| {
+                let theirs = range(&h.unit, d.units_total);
+                mine.end <= theirs.start || theirs.end <= mine.start
+            })
+        })
+}
+
+fn overlap(a: &Candidate, b: &Candidate, total: u32) -> bool {
+    let (x, y) = (range(&a.unit, total), range(&b.unit, total));
+    a.device_id == b.device_id && x.start < y.end && y.start < x.end
+}
+
+#[allow(clippy::too_many_arguments)]
+fn preferred_case(
+    w: World,
+    ops: Vec<Op>,
+    layout: u8,
+    p: usize,
+    mask: Vec<bool>,
+    must_picks: Vec<usize>,
+    size: usize,
+) -> Result<(), TestCaseError> {
+    let mut n = build(&w);
+    drive(&mut n, &w, &ops);
+    let pool = w.pools[p].name.clone();
+    let all = advertised(&n, &w, p, layout);
+    let available: Vec<Candidate> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask[i % mask.len()])
+        .map(|(_, c)| c.clone())
+        .collect();
+    let mut must: Vec<Candidate> = Vec::new();
+    if !available.is_empty() {
+        for m in &must_picks {
+            let c = available[m % available.len()].clone();
+            if !must.contains(&c) {
+                must.push(c);
+            }
+        }
+    }
+    let size = size.max(must.len());
+    let before = n.snapshot();
+    let answer = n.preferred(&pool, &available, &must, size);
+    prop_assert_eq!(n.snapshot(), before.clone(), "preferred changed the node");
+
+    // Every unit it must include, once; nothing twice; the rest offered and free.
+    for m in &must {
+        prop_assert_eq!(answer.iter().filter(|c| *c == m).count(), 1);
+    }
+    let total = |c: &Candidate| {
+        before
+            .pools
+            .iter()
+            .flat_map(|p| p.devices.iter())
+            .find(|d| d.id == c.device_id)
+            .map_or(1, |d| d.units_total)
+    };
+    let extra: Vec<&Candidate> = answer.iter().filter(|c| !must.contains(c)).collect();
+    for (i, c) in extra.iter().enumerate() {
+        prop_assert!(available.contains(c), "{:?} was not offered", c);
+        prop_assert!(free_in(&before, c), "{:?} is held", c);
+        for other in must.iter().chain(extra[..i].iter().copied()) {
+            prop_assert!(!overlap(c, other, total(c)), "{:?} overlaps {:?}", c, other);
+        }
+    }
+    // As many as asked, unless too few free units were offered.
+    let free: Vec<&Candidate> = available
+        .iter()
+        .filter(|c| !must.contains(c) && free_in(&before, c))
+        .filter(|c| must.iter().all(|m| !overlap(c, m, total(c))))
+        .collect();
+    prop_assert_eq!(answer.len(), must.len() + free.len().min(size - must.len()));
+
+    // The order units are offered in does not matter.
+    let mut reversed = available.clone();
+    reversed.reverse();
+    let mut again = n.preferred(&pool, &reversed, &must, size);
+    let mut sorted = answer.clone();
+    again.sort();
+    sorted.sort();
+    prop_assert_eq!(again, sorted);
+
+    // One NUMA node when one has enough free units.
+    let numa = |c: &Candidate| {
+        w.devices
+            .iter()
+            .find(|d| d.id == c.device_id)
+            .and_then(|d| d.numa_node)
+    };
+    if must.is_empty() {
+        let mut per_numa: BTreeMap<Option<u32>, usize> = BTreeMap::new();
+        for c in &free {
+            *per_numa.entry(numa(c)).or_default() += 1;
+        }
+        if per_numa.values().any(|k| *k >= size) {
+            let nodes: std::collections::BTreeSet<Option<u32>> = answer.iter().map(numa).collect();
+            prop_assert!(nodes.len() <= 1, "answer spans NUMA nodes {:?}", nodes);
+        }
+    }
+
+    // Whole devices and replicas: the same devices a count claim of `size` would get.
+    let family = match w.pools[p].family {
+        FamilyConfig::Exclusive => Some(FamilyKind::Exclusive),
+        FamilyConfig::Shared { .. } => Some(FamilyKind::Shared),
+        _ => None,
+    };
+    if let Some(family) = family {
+        let answer = n.preferred(&pool, &all, &[], size);
+        let req = counted(
+            "probe",
+            vec![CountRequest {
+                request: "r".into(),
+                count: size as u32,
+                family: Some(family),
+                selector: DeviceSelector {
+                    ids: w.pools[p].select.ids.clone(),
+                    ..DeviceSelector::default()
+                },
+                ..CountRequest::default()
+            }],
+        );
+        if let Ok(out) = n.allocate(&req) {
+            let mut got: Vec<String> = out
+                .allocation
+                .results
+                .iter()
+                .map(|g| g.device_id.clone())
+                .collect();
+            let mut picked: Vec<String> = answer.iter().map(|c| c.device_id.clone()).collect();
+            got.sort();
+            picked.sort();
+            prop_assert_eq!(picked, got, "preferred and a count claim disagree");
+            n.release("probe");
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn preferred_allocation_picks_free_close_units(
+        w in world(),
+        ops in prop::collection::vec(op(), 0..20),
+        layout in 0u8..4,
+        p in 0usize..3,
+        mask in prop::collection::vec(prop::bool::weighted(0.8), 1..16),
+        must_picks in prop::collection::vec(0usize..1000, 0..=2),
+        size in 1usize..=4,
+    ) {
+        preferred_case(w, ops, layout, p, mask, must_picks, size)?;
     }
 }

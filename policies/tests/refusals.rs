@@ -355,3 +355,93 @@ fn docs_list_every_refusal_sentence() {
         assert!(docs.contains(&text), "docs/refusals.md lacks: {text}");
     }
 }
+
+fn exact(uid: &str, items: &[(&str, &str, policies::Unit)]) -> policies::ClaimRequest {
+    claim(
+        uid,
+        Ask::Units(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, (pool, device, unit))| policies::UnitResult {
+                    request: format!("r{i}"),
+                    pool: pool.to_string(),
+                    device_id: device.to_string(),
+                    unit: unit.clone(),
+                })
+                .collect(),
+        ),
+    )
+}
+
+#[test]
+fn exact_units_refusals_name_the_unit_and_the_holder() {
+    use policies::Unit;
+    let share = |index| Unit::Share { index, count: 1 };
+    let mut n = node(
+        four_gpus(),
+        "0-7",
+        &[
+            pool("whole", &["g0", "g1"], FamilyConfig::Exclusive, 0),
+            pool("shared", &["g2", "g3"], shared(4, 0, 0), 0),
+        ],
+    );
+    // Exactly replica 2 of g2, again idempotently.
+    let first = n
+        .allocate(&exact("dp1", &[("shared", "g2", share(2))]))
+        .unwrap();
+    assert_eq!(first.allocation.results[0].unit, share(2));
+    assert!(
+        n.allocate(&exact("dp1", &[("shared", "g2", share(2))]))
+            .unwrap()
+            .already
+    );
+    // The same replica for another claim: refused naming the holder.
+    let r = refused(&mut n, &exact("dp2", &[("shared", "g2", share(2))]));
+    assert_eq!(
+        r.to_string(),
+        "claim dp2 refused: device g2 is held by claim dp1 until that claim is unprepared"
+    );
+    // Another replica of the same device is free.
+    n.allocate(&exact("dp2", &[("shared", "g2", share(3))]))
+        .unwrap();
+    // A replica the device does not have, a unit the family has no such thing as, a device of
+    // another pool, a unit named twice, and nothing at all.
+    let r = refused(&mut n, &exact("dp3", &[("shared", "g2", share(9))]));
+    assert!(r.to_string().contains("do not exist"), "{r}");
+    let r = refused(&mut n, &exact("dp3", &[("whole", "g0", share(0))]));
+    assert_eq!(
+        r.to_string(),
+        "claim dp3 refused: the request is invalid: an exclusive device is only handed out whole, not as replica 0"
+    );
+    let r = refused(&mut n, &exact("dp3", &[("whole", "g2", Unit::Whole)]));
+    assert_eq!(
+        r.to_string(),
+        "claim dp3 refused: device g2 is not known on this node"
+    );
+    let r = refused(
+        &mut n,
+        &exact(
+            "dp3",
+            &[("whole", "g0", Unit::Whole), ("whole", "g0", Unit::Whole)],
+        ),
+    );
+    assert!(r.to_string().contains("named twice"), "{r}");
+    let r = refused(&mut n, &claim("dp3", Ask::Units(vec![])));
+    assert!(r.to_string().contains("names no device"), "{r}");
+    // A whole device held through a count claim is refused to exact units too.
+    n.allocate(&counted(
+        "c1",
+        vec![CountRequest {
+            family: Some(FamilyKind::Exclusive),
+            selector: DeviceSelector {
+                ids: vec!["g0".into()],
+                ..DeviceSelector::default()
+            },
+            ..count("gpu", 1)
+        }],
+    ))
+    .unwrap();
+    let r = refused(&mut n, &exact("dp3", &[("whole", "g0", Unit::Whole)]));
+    assert!(r.to_string().contains("held by claim c1"), "{r}");
+}

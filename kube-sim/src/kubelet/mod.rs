@@ -3,6 +3,8 @@
 //! on the driver's device health stream.
 
 mod call;
+mod deviceplugin;
+pub mod deviceplugin_wire;
 mod dra;
 mod error;
 mod health;
@@ -10,6 +12,9 @@ mod registration;
 pub mod wire;
 
 pub use call::GrpcCaller;
+pub use deviceplugin::{
+    DevicePluginClient, DevicePluginKubelet, ListedDevice, RegisteredDevicePlugin,
+};
 pub use dra::{DraApi, DraClient, PreparedClaim};
 pub use error::SimError;
 pub use health::{HealthApi, HealthWatch, ReportedHealth};

@@ -110,6 +110,9 @@ pub fn render(doc: &Value) -> String {
     if let Some(k) = doc.get("kubernetes") {
         out.push_str(&kubernetes(k));
     }
+    if let Some(dp) = doc.get("device_plugins") {
+        device_plugins(&mut out, dp);
+    }
     out
 }
 
@@ -188,6 +191,67 @@ fn kubelet_dra(dra: &Value) -> String {
         s(&dra["endpoint"]),
         s(&dra["registration_socket"]),
     )
+}
+
+/// The device plugins part: each resource, its registration, what it advertises and holds.
+fn device_plugins(out: &mut String, dp: &Value) {
+    use std::fmt::Write;
+    let present = if dp["kubelet_socket_present"] == Value::Bool(true) {
+        "present"
+    } else {
+        "absent"
+    };
+    let _ = writeln!(
+        out,
+        "\ndevice plugins (kubelet socket {}: {present})",
+        s(&dp["kubelet_socket"])
+    );
+    let _ = writeln!(
+        out,
+        "{:<32} {:<12} {:<22} {:>10} {:>7} {:>5}",
+        "RESOURCE", "POOL", "REGISTRATION", "ADVERTISED", "HEALTHY", "HELD"
+    );
+    for r in dp["resources"].as_array().into_iter().flatten() {
+        let reg = &r["registration"];
+        let state = s(&reg["state"]);
+        let held = r["held"].as_array().cloned().unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:<32} {:<12} {:<22} {:>10} {:>7} {:>5}",
+            s(&r["name"]),
+            s(&r["pool"]),
+            state,
+            s(&r["advertised"]),
+            s(&r["healthy"]),
+            held.len()
+        );
+        if let Some(reason) = reg["reason"].as_str() {
+            let _ = writeln!(out, "  registration failed: {reason}");
+        }
+        for h in &held {
+            let containers: Vec<String> = h["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| short(&s(c)))
+                .collect();
+            let users = if containers.is_empty() {
+                "no container yet".to_string()
+            } else {
+                format!("container {}", containers.join(","))
+            };
+            let _ = writeln!(
+                out,
+                "  held {} by claim {} ({users}, pod {})",
+                s(&h["id"]),
+                s(&h["claim"]),
+                s(&h["pod"])
+            );
+        }
+        for u in r["unhealthy"].as_array().into_iter().flatten() {
+            let _ = writeln!(out, "  unhealthy {}: {}", s(&u["id"]), s(&u["reason"]));
+        }
+    }
 }
 
 fn unit(u: &Value) -> String {

@@ -9,15 +9,16 @@ mod error;
 mod model;
 mod spans;
 mod validate;
+mod validate_device_plugin;
 
 use std::io::Read;
 use std::path::Path;
 
 pub use error::{ConfigError, Position};
 pub use model::{
-    AnnotationsConfig, CdiConfig, CdiInjection, ClaimsApiConfig, Config, DiscoveryConfig,
-    DraConfig, KubernetesConfig, LogConfig, LogFormat, LogLevel, MetricsConfig, NriConfig,
-    SpecFormat,
+    AnnotationsConfig, CdiConfig, CdiInjection, ClaimsApiConfig, Config, DevicePluginConfig,
+    DiscoveryConfig, DraConfig, KubernetesConfig, LogConfig, LogFormat, LogLevel, MetricsConfig,
+    NriConfig, SliceAt, SpecFormat,
 };
 
 /// Where the daemon reads its config unless told otherwise.

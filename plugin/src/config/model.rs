@@ -4,6 +4,7 @@
 //! ignored setting) and every field has a default, so an empty file is a
 //! working config. docs/configuration.md explains each field.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -39,6 +40,8 @@ pub struct Config {
     pub dra: DraConfig,
     /// This node in Kubernetes and how to reach the API server (used when `dra.enabled`).
     pub kubernetes: KubernetesConfig,
+    /// The kubelet device plugins (clusters without DRA): one resource per pool.
+    pub device_plugin: DevicePluginConfig,
 }
 
 impl Default for Config {
@@ -61,6 +64,7 @@ impl Default for Config {
             log: LogConfig::default(),
             dra: DraConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            device_plugin: DevicePluginConfig::default(),
         }
     }
 }
@@ -293,6 +297,46 @@ impl Default for DraConfig {
     }
 }
 
+/// The kubelet's device plugin API: one device plugin per pool, so that the scheduler counts a
+/// node's free accelerators without DRA (docs/device-plugin.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DevicePluginConfig {
+    /// Serve the device plugins and register them with the kubelet.
+    pub enabled: bool,
+    /// Resource names are `<resource_prefix>/<pool>` (a DNS subdomain).
+    pub resource_prefix: String,
+    /// The kubelet's device-plugins directory: its `kubelet.sock` and the plugins' sockets.
+    pub dir: PathBuf,
+    /// Pools served; empty serves every pool (pools of a custom family excepted).
+    pub pools: Vec<String>,
+    /// The slices cut on every device of a sliced pool, by pool name. The device plugin API
+    /// cannot express overlapping slices, so each layout is a fixed set of non-overlapping
+    /// slices. A sliced pool without a layout is advertised whole devices; a layout with
+    /// several profiles gives one resource per profile, `<prefix>/<pool>-<profile>`.
+    pub slice_layouts: BTreeMap<String, Vec<SliceAt>>,
+    /// Also answer Allocate with device nodes, env and mounts, for runtimes without CDI (CDI
+    /// device names are always answered).
+    pub device_nodes: bool,
+    /// Seconds an allocation that no container has used yet keeps its devices when the kubelet
+    /// hands them to another container; after that it is released first.
+    pub unused_grace_secs: u64,
+}
+
+impl Default for DevicePluginConfig {
+    fn default() -> Self {
+        DevicePluginConfig {
+            enabled: false,
+            resource_prefix: "accel.nri.io".to_string(),
+            dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            pools: Vec::new(),
+            slice_layouts: BTreeMap::new(),
+            device_nodes: false,
+            unused_grace_secs: 60,
+        }
+    }
+}
+
 /// Access to the Kubernetes API server.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -320,4 +364,14 @@ impl KubernetesConfig {
             .map(|h| h.trim().to_ascii_lowercase())
             .filter(|h| !h.is_empty())
     }
+}
+
+/// One slice of a static layout: a profile of the pool at one of its start slots.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SliceAt {
+    /// A profile of the pool.
+    pub profile: String,
+    /// One of the profile's allowed start slots.
+    pub start: u32,
 }

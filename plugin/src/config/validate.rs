@@ -111,6 +111,7 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             format!("metrics address {addr} is not a loopback address; use 127.0.0.1 or [::1]"),
         )?;
     }
+    super::validate_device_plugin::validate(cfg)?;
     Ok(())
 }
 

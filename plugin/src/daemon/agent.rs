@@ -67,6 +67,8 @@ pub struct AgentSettings {
     pub manage_shared_cpus: bool,
 }
 
+/// A part of the status document a service adds (the device plugins' resources), computed
+/// when the document is asked for.
 /// Reacts to container events on behalf of the engine.
 pub struct Agent {
     engine: Arc<Engine>,
@@ -305,6 +307,7 @@ impl Agent {
             let claims = self.claims_of(c, owners.by_container.get(&c.id).unwrap_or(&none));
             let claim_list: Vec<String> = claims.iter().cloned().collect();
             let (adjustment, _) = self.engine.container_started(&c.id, &claim_list);
+            self.device_plugin_used(c, &claim_list).await;
             let managed = self.settings.manage_shared_cpus || !claims.is_empty();
             self.containers().set(&c.id, claims);
             if let Some(cpus) = adjustment.cpus.filter(|_| managed) {
@@ -421,6 +424,7 @@ impl Agent {
         let claim_list: Vec<String> = claims.iter().cloned().collect();
         let (adjustment, more) = self.engine.container_started(&c.id, &claim_list);
         updates.extend(more);
+        self.device_plugin_used(c, &claim_list).await;
         let managed = self.settings.manage_shared_cpus || !claims.is_empty();
         self.containers().set(&c.id, claims);
         for (k, v) in adjustment.env {
@@ -434,6 +438,33 @@ impl Agent {
             grant.mems = adjustment.mems;
         }
         Ok((grant, updates))
+    }
+
+    /// Records `c` as the first user of the device plugin claims among `claims` (it was
+    /// created with their CDI names). A failure is logged: the container still runs, and a
+    /// restart then keeps the claim until the kubelet hands its devices out again.
+    async fn device_plugin_used(&self, c: &ContainerView, claims: &[String]) {
+        let pod = format!("{}/{}", c.pod_namespace, c.pod_name);
+        if let Err(e) = self
+            .engine
+            .device_plugin_used(&c.id, &c.pod_uid, &pod, claims)
+            .await
+        {
+            tracing::warn!(container = %c.id, pod = %pod, error = %e,
+                "could not record the container as the user of its device plugin allocation");
+        }
+    }
+
+    /// The runtime's pods at Synchronize: device plugin claims whose pod is gone (its
+    /// containers were removed while nri-accel was not listening) are released.
+    pub async fn pods_present(&self, pod_uids: &BTreeSet<String>) {
+        if let Err(e) = self
+            .engine
+            .release_device_plugin_claims_of_gone_pods(pod_uids)
+            .await
+        {
+            tracing::error!(error = %e, "could not release the device plugin allocations of pods that are gone");
+        }
     }
 
     /// A container stopped: it no longer takes part in CPU pool updates.

@@ -289,6 +289,7 @@ impl Plugin for NriPlugin {
         // Adoption and mapping are answered; releasing the claims of containers that are gone
         // goes on after the answer, in the same task, and the gate waits for it.
         let agent = self.agent.clone();
+        let pod_uids = pods.iter().map(|p| p.uid.clone()).collect();
         let finished = self.agent.sync_started();
         let (answer, answered) = tokio::sync::oneshot::channel();
         let work = tokio::spawn(in_nri_handler(async move {
@@ -302,6 +303,7 @@ impl Plugin for NriPlugin {
                 );
             }
             agent.release_gone(&synced.gone).await;
+            agent.pods_present(&pod_uids).await;
         }));
         let updates = match answered.await {
             Ok(updates) => updates,

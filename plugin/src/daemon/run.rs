@@ -110,6 +110,7 @@ pub struct Daemon {
     device_health: HealthMonitor,
     kube: Option<crate::kube::KubeSide>,
     dra: Option<crate::kubelet::DraDriver>,
+    device_plugins: Option<Arc<crate::kubelet::device_plugin::DevicePlugins>>,
     _lock: NodeLockGuard,
 }
 
@@ -346,6 +347,21 @@ impl Daemon {
         } else {
             None
         };
+        let device_plugins = config.device_plugin.enabled.then(|| {
+            let plugins = crate::kubelet::device_plugin::DevicePlugins::start(
+                &config.device_plugin,
+                &config.pools,
+                engine.clone(),
+                gate.clone(),
+                device_health.clone(),
+            );
+            let p = plugins.clone();
+            agent.add_status_section(
+                "device_plugins",
+                Box::new(move || serde_json::to_value(p.status()).unwrap_or_default()),
+            );
+            plugins
+        });
         refresh_gauges(&agent, &metrics);
         Ok(Daemon {
             agent,
@@ -361,6 +377,7 @@ impl Daemon {
             device_health,
             kube,
             dra,
+            device_plugins,
             _lock: guard,
         })
     }
@@ -393,6 +410,11 @@ impl Daemon {
     /// The devices' health, re-checked every `discovery.health_check_secs`.
     pub fn device_health(&self) -> &HealthMonitor {
         &self.device_health
+    }
+
+    /// The kubelet device plugins, when `device_plugin.enabled`.
+    pub fn device_plugins(&self) -> Option<&Arc<crate::kubelet::device_plugin::DevicePlugins>> {
+        self.device_plugins.as_ref()
     }
 
     /// What startup reconciled.
@@ -438,6 +460,9 @@ impl Daemon {
                 .is_err()
         {
             tracing::warn!("the NRI connection did not close within 3 s");
+        }
+        if let Some(p) = self.device_plugins.take() {
+            p.shutdown().await;
         }
         if let Some(c) = self.claims.take()
             && let Err(e) = c.shutdown().await

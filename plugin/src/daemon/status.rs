@@ -153,10 +153,13 @@ mod tests {
                 ("c2".to_string(), BTreeSet::from(["a".to_string()])),
             ]),
             pending_updates: 3,
-            sections: BTreeMap::from([(
-                "kubelet",
-                serde_json::json!({"dra": {"registration": "waiting"}}),
-            )]),
+            sections: BTreeMap::from([
+                (
+                    "kubelet",
+                    serde_json::json!({"dra": {"registration": "waiting"}}),
+                ),
+                ("device_plugins", serde_json::json!({"resources": []})),
+            ]),
         };
         let (a, b) = (allocation("a", "4"), allocation("b", ""));
         let annotation = Origin::Annotation {
@@ -168,6 +171,7 @@ mod tests {
         assert_eq!(doc["gate"]["open"], true);
         assert_eq!(doc["pending_updates"], 3);
         assert_eq!(doc["kubelet"]["dra"]["registration"], "waiting");
+        assert_eq!(doc["device_plugins"]["resources"], serde_json::json!([]));
         assert_eq!(doc["policy"]["unpooled"][0], "g9");
         assert_eq!(doc["containers"]["c2"][0], "a");
         let claims = doc["claims"].as_array().unwrap();

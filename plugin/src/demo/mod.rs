@@ -14,6 +14,10 @@ use nri_proto::api::PodSandbox;
 
 use crate::claims_api::{ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, DraResult, Family};
 use crate::engine::{CrashPoint, HookAction};
+use kube_sim::kubelet::DevicePluginKubelet;
+
+/// The device plugin resource of the demo's pool `whole`.
+const DP_WHOLE: &str = "accel.nri.io/whole";
 
 pub use node::{config, simulated_gpu};
 
@@ -192,12 +196,55 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     fake.add_container(jupyter.clone());
     show_adjustment(&fake, &jupyter.id);
 
-    step(5, "status");
+    step(
+        5,
+        "clusters without DRA: the kubelet admits a container through nri-accel's device plugin",
+    );
+    let kubelet = DevicePluginKubelet::start(&cfg.device_plugin.dir)
+        .context("starting the simulated kubelet")?;
+    // claim-whole holds one whole GPU: the kubelet must hear it is not free.
+    let whole = kubelet
+        .wait_plugin(DP_WHOLE, WAIT, |p| p.devices.iter().any(|d| !d.healthy))
+        .await
+        .context("waiting for the device plugin of pool whole")?;
+    for d in &whole.devices {
+        let numa: Vec<String> = d.numa.iter().map(i64::to_string).collect();
+        println!(
+            "   {DP_WHOLE} advertises {} on NUMA node {}: {}",
+            d.id,
+            numa.join(","),
+            if d.healthy {
+                "free"
+            } else {
+                "held by claim-whole"
+            }
+        );
+    }
+    let (ids, answer) = kubelet.admit("serve/app", DP_WHOLE, 1).await?;
+    let cdi: Vec<String> = answer.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    println!(
+        "   GetPreferredAllocation picked {}; Allocate answered {}",
+        ids.join(","),
+        cdi.join(",")
+    );
+    let serve = pod("serve", &[]);
+    fake.add_pod(serve.clone());
+    let server = fixtures::container("c-serve-000000000000001", &serve, "app", &cdi);
+    fake.create_container(&serve, &server).await?;
+    fake.add_container(server.clone());
+    show_adjustment(&fake, &server.id);
+    let again = kubelet.client(DP_WHOLE).await?.allocate(&ids).await;
+    match again {
+        Err(e) => println!("   the same GPU for another container: {e}"),
+        Ok(_) => bail!("a second Allocate of a held GPU was not refused"),
+    }
+
+    step(6, "status");
     let report = client.status().await?;
     print!("{}", indent(&crate::cli::status::render(&report.document)));
 
     step(
-        6,
+        7,
         "an early prepare: a new claim names the device claim-whole still holds",
     );
     let held = daemon
@@ -227,7 +274,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     }
 
     step(
-        7,
+        8,
         "the old claim is unprepared (its pod went away); the retry now succeeds",
     );
     fake.notify(
@@ -250,9 +297,20 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     }
     let ids = prepare(&client, early).await?;
     println!("   claim-next now holds {}", ids.join(", "));
+    fake.notify(
+        nri_proto::api::Event::REMOVE_CONTAINER,
+        &serve,
+        Some(&server),
+    )
+    .await?;
+    kubelet.forget("serve/app");
+    let left = daemon.agent().engine().device_plugin_claims().len();
+    println!(
+        "   the device plugin's container is removed too: its claim goes with it ({left} device plugin claims left)"
+    );
 
     step(
-        8,
+        9,
         "a crash: the daemon dies after writing a spec's temp file, and restarts",
     );
     // The injected crash unwinds the blocking task that writes the spec; keep its report quiet.
@@ -328,6 +386,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         list_specs(&cfg.cdi.dir)
     );
     restarted.shutdown().await;
+    kubelet.stop().await;
     fake.stop().await;
 
     println!("\ndemo complete: every step behaved as described.");

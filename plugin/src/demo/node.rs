@@ -59,6 +59,8 @@ pub fn config(dir: &Path) -> Config {
     c.nri.socket = dir.join("nri.sock");
     c.claims_api.socket = dir.join("claims.sock");
     c.reconcile_interval_secs = 0;
+    c.device_plugin.enabled = true;
+    c.device_plugin.dir = dir.join("device-plugins");
     c.discovery.sysfs = false;
     c.discovery.cpus = "0-15".parse().ok();
     c.discovery.static_devices = vec![gpu(0, 0), gpu(1, 1), gpu(2, 0), gpu(3, 1)];

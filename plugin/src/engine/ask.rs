@@ -4,7 +4,7 @@
 //!
 //! A DRA allocation never changes under one claim UID, so a Prepare of a prepared UID is an
 //! idempotent repeat only when it asks for the same thing: the same results (request, pool,
-//! device, in order) or the same count requests. Anything else is a caller's bug or a claim
+//! device, in order), the same units (a device plugin's Allocate) or the same count requests. Anything else is a caller's bug or a claim
 //! object recreated under an old UID, and is refused naming both asks. The ask is kept in the
 //! claim's record so the comparison holds across restarts; a record written before asks were
 //! kept compares by the results of its allocation (count asks then cannot be compared and are
@@ -38,6 +38,15 @@ pub fn same_ask(recorded: Option<&Ask>, allocation: &Allocation, asked: &Ask) ->
             named.len() == allocation.results.len()
                 && named.iter().zip(&allocation.results).all(|(n, g)| {
                     n.request == g.request && n.pool == g.pool && n.device == g.device
+                })
+        }
+        (None, Ask::Units(units)) => {
+            units.len() == allocation.results.len()
+                && units.iter().zip(&allocation.results).all(|(u, g)| {
+                    u.request == g.request
+                        && u.pool == g.pool
+                        && u.device_id == g.device_id
+                        && u.unit == g.unit
                 })
         }
         (None, Ask::Count(_)) => true,
@@ -76,6 +85,13 @@ pub fn describe(ask: &Ask) -> String {
                 })
                 .collect();
             parts.join(", ")
+        }
+        Ask::Units(units) => {
+            let parts: Vec<String> = units
+                .iter()
+                .map(|u| format!("{} {} (pool {})", u.device_id, u.unit, u.pool))
+                .collect();
+            format!("the units {}", parts.join(", "))
         }
     }
 }

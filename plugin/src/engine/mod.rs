@@ -20,6 +20,7 @@
 mod ask;
 mod claim_locks;
 mod crash;
+mod device_plugin;
 mod edits;
 mod error;
 mod owners;
@@ -38,10 +39,11 @@ use crate::checkpoint::{Change, Checkpoint, CheckpointOptions, Loaded};
 pub use ask::{ResultRef, check_results, describe, describe_held, same_ask};
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
+pub use device_plugin::DevicePluginClaim;
 pub use error::EngineError;
 pub use pending::{UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
-pub use record::{ClaimRecord, Origin, PendingUpdate};
+pub use record::{ClaimRecord, DevicePluginUser, Origin, PendingUpdate};
 
 /// The checkpoint as the engine uses it.
 pub type Journal = Checkpoint<ClaimRecord, PendingUpdate>;
@@ -633,10 +635,19 @@ impl Engine {
     }
 
     /// A container was removed: the claims that lived with it (annotation and
-    /// adopted claims) are released, and its pending update is dropped.
+    /// adopted claims, and device plugin claims no other container uses) are released, and its
+    /// pending update is dropped.
     pub async fn container_removed(&self, container_id: &str) -> Result<(), EngineError> {
-        let _ = self.state().node.container_removed(container_id);
+        let unused = {
+            let mut st = self.state();
+            let used = st.node.claims_of(container_id).map(<[_]>::to_vec);
+            let _ = st.node.container_removed(container_id);
+            device_plugin::left_unused(&st, container_id, &used.unwrap_or_default())
+        };
         pending::forget(self, container_id).await;
+        for uid in unused {
+            self.unprepare(&uid).await?;
+        }
         let owned: Vec<String> = self
             .state()
             .origins

@@ -38,13 +38,39 @@ pub enum Origin {
         /// The container found holding the device.
         container_id: String,
     },
+    /// A kubelet device plugin's Allocate (docs/device-plugin.md): released when the last
+    /// container that used it is removed, when its pod is gone, or when the kubelet hands its
+    /// devices to another container.
+    DevicePlugin {
+        /// The extended resource the kubelet allocated, e.g. `accel.nri.io/whole`.
+        resource: String,
+        /// The kubelet device IDs it allocated, sorted.
+        device_ids: Vec<String>,
+        /// When it was allocated, in seconds since the Unix epoch.
+        allocated_at: u64,
+        /// The first container that used it, once one has.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<DevicePluginUser>,
+    },
+}
+
+/// The container that first used a device plugin's claim, and its pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicePluginUser {
+    /// The container.
+    pub container_id: String,
+    /// Its pod's UID: the claim lives as long as the pod may still start containers with it.
+    pub pod_uid: String,
+    /// `namespace/name` of the pod, for status and messages.
+    pub pod: String,
 }
 
 impl Origin {
     /// The container this claim lives and dies with, if any.
     pub fn container(&self) -> Option<&str> {
         match self {
-            Origin::ClaimsApi => None,
+            Origin::ClaimsApi | Origin::DevicePlugin { .. } => None,
             Origin::Annotation { container_id } | Origin::Adopted { container_id } => {
                 Some(container_id)
             }

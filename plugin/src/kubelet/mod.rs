@@ -8,6 +8,7 @@
 //! kubelet's own socket. [`DraDriver`] keeps the DRA driver's two sockets served.
 
 mod channel;
+pub mod device_plugin;
 mod dra;
 mod driver;
 mod error;

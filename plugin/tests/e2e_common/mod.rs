@@ -416,6 +416,16 @@ pub async fn runtime(node: &TestNode) -> FakeRuntime {
         .expect("fake runtime")
 }
 
+/// The last adjustment the fake runtime received for container `id`.
+pub fn last_adjustment(fake: &FakeRuntime, id: &str) -> nri_proto::api::ContainerAdjustment {
+    fake.adjustments()
+        .into_iter()
+        .rev()
+        .find(|(c, _)| c == id)
+        .map(|(_, a)| a)
+        .unwrap_or_else(|| panic!("no adjustment for {id}"))
+}
+
 /// A pod with `annotations`.
 pub fn pod(name: &str, annotations: &[(&str, &str)]) -> PodSandbox {
     nri_accel::demo::fixtures::pod("e2e", name, annotations)

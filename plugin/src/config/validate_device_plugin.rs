@@ -1,0 +1,107 @@
+//! Checks on the `device_plugin` section: the resource names it gives, the pools it serves and
+//! the static slice layouts (no overlap, only the pool's own profiles and start slots).
+
+use std::collections::HashSet;
+
+use policies::FamilyConfig;
+
+use super::Config;
+use super::spans::Step::{self, Index, Key};
+use super::validate::Problem;
+use crate::kubelet::device_plugin::{layout, resource_name_ok};
+
+type Checked = Result<(), Problem>;
+
+fn fail(path: Vec<Step>, message: impl Into<String>) -> Checked {
+    Err(Problem {
+        path,
+        message: message.into(),
+    })
+}
+
+fn at(rest: &[Step]) -> Vec<Step> {
+    let mut p = vec![Key("device_plugin")];
+    p.extend_from_slice(rest);
+    p
+}
+
+/// Checks the section; checked whether or not it is enabled, so a config is never valid only
+/// until someone turns the device plugins on.
+pub(crate) fn validate(cfg: &Config) -> Checked {
+    let dp = &cfg.device_plugin;
+    let prefix = &dp.resource_prefix;
+    if prefix.is_empty()
+        || prefix.len() > 253
+        || !prefix.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+    {
+        fail(
+            at(&[Key("resource_prefix")]),
+            format!(
+                "resource prefix {prefix:?} must be a DNS subdomain such as accel.nri.io ([a-z0-9.-], at most 253 characters)"
+            ),
+        )?;
+    }
+    if !dp.dir.is_absolute() {
+        fail(
+            at(&[Key("dir")]),
+            format!("path {:?} must be absolute", dp.dir.display().to_string()),
+        )?;
+    }
+    let mut seen = HashSet::new();
+    for (i, name) in dp.pools.iter().enumerate() {
+        let Some(pool) = cfg.pools.iter().find(|p| p.name == *name) else {
+            fail(
+                at(&[Key("pools"), Index(i)]),
+                format!("device_plugin.pools names pool {name:?}, which is not defined in pools"),
+            )?;
+            continue;
+        };
+        if matches!(pool.family, FamilyConfig::Custom { .. }) {
+            fail(
+                at(&[Key("pools"), Index(i)]),
+                format!(
+                    "pool {name:?} is of a custom family, which the device plugin API cannot serve; serve it through DRA or the claims API"
+                ),
+            )?;
+        }
+        if !seen.insert(name) {
+            fail(
+                at(&[Key("pools"), Index(i)]),
+                format!("pool {name:?} is listed twice"),
+            )?;
+        }
+    }
+    for (pool_name, slices) in &dp.slice_layouts {
+        let path = at(&[Key("slice_layouts")]);
+        let Some(pool) = cfg.pools.iter().find(|p| p.name == *pool_name) else {
+            return fail(
+                path,
+                format!("slice layout for pool {pool_name:?}, which is not defined in pools"),
+            );
+        };
+        if let Err(why) = layout::check(pool, slices) {
+            return fail(path, format!("slice layout of pool {pool_name:?}: {why}"));
+        }
+    }
+    for pool in layout::served(dp, &cfg.pools) {
+        for name in layout::resource_names(dp, pool) {
+            if !resource_name_ok(&name) {
+                fail(
+                    at(&[Key("resource_prefix")]),
+                    format!(
+                        "pool {:?} would be advertised as {name:?}, which is not a valid resource name (the part after the / must be 1 to 63 characters of [A-Za-z0-9_.-], starting and ending with a letter or digit); rename the pool or profile",
+                        pool.name
+                    ),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! The engine's side of device plugin claims (`Origin::DevicePlugin`, docs/device-plugin.md).
+//!
+//! The kubelet's Allocate carries no pod or container identity and the kubelet never says an
+//! allocation ended, so such a claim is tied to its users as the runtime reports them: the first
+//! container created with its CDI names is recorded durably (with its pod), and the claim is
+//! released when the last container using it is removed, or, after a restart, when its pod is
+//! gone from the runtime. A claim no container used yet stays until the kubelet hands its devices
+//! to another container (the device plugin layer decides that).
+
+use std::collections::BTreeSet;
+
+use super::{DevicePluginUser, Engine, EngineError, Origin, State};
+use crate::checkpoint::Change;
+
+/// A device plugin claim as the device plugin layer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevicePluginClaim {
+    /// The claim UID.
+    pub uid: String,
+    /// The extended resource.
+    pub resource: String,
+    /// The kubelet device IDs, sorted.
+    pub device_ids: Vec<String>,
+    /// When it was allocated (seconds since the Unix epoch).
+    pub allocated_at: u64,
+    /// The first container that used it, if any did.
+    pub user: Option<DevicePluginUser>,
+    /// The containers using it now (created and not removed), sorted.
+    pub users: Vec<String>,
+}
+
+/// Device plugin claims that removed container `container_id` used (`used`, the claims the node
+/// knew it with, plus those recording it as their first user: after a restart the runtime does
+/// not report exited containers) and that no container uses any more.
+pub(super) fn left_unused(st: &State, container_id: &str, used: &[String]) -> Vec<String> {
+    st.origins
+        .iter()
+        .filter(|(uid, origin)| match origin {
+            Origin::DevicePlugin { user, .. } => {
+                used.contains(uid)
+                    || user
+                        .as_ref()
+                        .is_some_and(|u| u.container_id == container_id)
+            }
+            _ => false,
+        })
+        .map(|(uid, _)| uid)
+        .filter(|uid| st.node.users_of(uid).next().is_none())
+        .cloned()
+        .collect()
+}
+
+impl Engine {
+    /// Every device plugin claim with its users now.
+    pub fn device_plugin_claims(&self) -> Vec<DevicePluginClaim> {
+        let st = self.state();
+        st.origins
+            .iter()
+            .filter_map(|(uid, origin)| match origin {
+                Origin::DevicePlugin {
+                    resource,
+                    device_ids,
+                    allocated_at,
+                    user,
+                } => Some(DevicePluginClaim {
+                    uid: uid.clone(),
+                    resource: resource.clone(),
+                    device_ids: device_ids.clone(),
+                    allocated_at: *allocated_at,
+                    user: user.clone(),
+                    users: st.node.users_of(uid).map(str::to_string).collect(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Container `container_id` of pod `pod_uid` (`pod` is `namespace/name`) was created or
+    /// found with `claims`: each device plugin claim among them that no container used before
+    /// records it as its first user, durably, so that a restart can tell a claim whose pod is
+    /// gone from one whose container has not started yet.
+    pub async fn device_plugin_used(
+        &self,
+        container_id: &str,
+        pod_uid: &str,
+        pod: &str,
+        claims: &[String],
+    ) -> Result<(), EngineError> {
+        for uid in claims {
+            let unbound = matches!(
+                self.state().origins.get(uid),
+                Some(Origin::DevicePlugin { user: None, .. })
+            );
+            if !unbound {
+                continue;
+            }
+            let _claim = self.claims.lock(uid).await;
+            let Some(mut record) = self.journal.record(uid) else {
+                continue;
+            };
+            let Origin::DevicePlugin { user, .. } = &mut record.origin else {
+                continue;
+            };
+            if user.is_some() || self.state().node.allocation(uid).is_none() {
+                continue;
+            }
+            *user = Some(DevicePluginUser {
+                container_id: container_id.to_string(),
+                pod_uid: pod_uid.to_string(),
+                pod: pod.to_string(),
+            });
+            let origin = record.origin.clone();
+            self.commit(uid, vec![Change::PutRecord(uid.clone(), record)])
+                .await?;
+            self.state().origins.insert(uid.clone(), origin);
+            tracing::info!(claim = %uid, container = %container_id, pod = %pod,
+                "a container uses a device plugin allocation");
+        }
+        Ok(())
+    }
+
+    /// Releases the device plugin claims whose first user's pod is not among `live_pods` (the
+    /// pods the runtime reported in Synchronize) and that no container uses. Answers the claims
+    /// released.
+    pub async fn release_device_plugin_claims_of_gone_pods(
+        &self,
+        live_pods: &BTreeSet<String>,
+    ) -> Result<Vec<String>, EngineError> {
+        let gone: Vec<String> = self
+            .device_plugin_claims()
+            .into_iter()
+            .filter(|c| c.users.is_empty())
+            .filter(|c| {
+                c.user
+                    .as_ref()
+                    .is_some_and(|u| !live_pods.contains(&u.pod_uid))
+            })
+            .map(|c| c.uid)
+            .collect();
+        for uid in &gone {
+            self.unprepare(uid).await?;
+            tracing::info!(claim = %uid, "released a device plugin allocation whose pod is gone");
+        }
+        Ok(gone)
+    }
+
+    /// Releases device plugin claim `uid` unless a container uses it; answers whether it is
+    /// gone now.
+    pub async fn release_unused_device_plugin_claim(&self, uid: &str) -> Result<bool, EngineError> {
+        let in_use = self.state().node.users_of(uid).next().is_some();
+        if in_use {
+            return Ok(false);
+        }
+        self.unprepare(uid).await?;
+        Ok(true)
+    }
+}

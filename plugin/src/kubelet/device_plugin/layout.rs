@@ -1,0 +1,395 @@
+//! What each device plugin advertises, as a pure function of the config and the inventory: the
+//! resources (one per served pool, or one per profile of a sliced pool whose static layout mixes
+//! profiles) and their kubelet device IDs, each standing for one unit of one device.
+//!
+//! IDs: a whole device is advertised under its inventory id (`gpu0`), a replica of a shared
+//! device as `<id>::<n>`, a slice of a static layout as `<id>::<profile>@<start>`.
+
+use std::collections::BTreeMap;
+
+use policies::{FamilyConfig, Node, PoolConfig, Unit};
+
+use crate::config::{DevicePluginConfig, SliceAt};
+
+/// One advertised device: a unit of a device of the resource's pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Advertised {
+    /// The kubelet's device ID.
+    pub id: String,
+    /// The inventory device.
+    pub device_id: String,
+    /// The unit the ID stands for.
+    pub unit: Unit,
+    /// The device's NUMA node, if known.
+    pub numa: Option<u32>,
+}
+
+/// One extended resource served by one device plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    /// The resource name, `<prefix>/<pool>` (or `<prefix>/<pool>-<profile>`).
+    pub name: String,
+    /// The pool its devices belong to.
+    pub pool: String,
+    /// The plugin's socket file name in the device-plugins directory.
+    pub socket: String,
+    /// What it advertises, sorted by device then unit.
+    pub devices: Vec<Advertised>,
+    /// Device ID -> index in `devices`.
+    index: BTreeMap<String, usize>,
+}
+
+impl Resource {
+    /// A resource advertising `devices` (their IDs unique).
+    pub fn new(name: String, pool: String, socket: String, devices: Vec<Advertised>) -> Self {
+        let index = devices
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.id.clone(), i))
+            .collect();
+        Resource {
+            name,
+            pool,
+            socket,
+            devices,
+            index,
+        }
+    }
+
+    /// The advertised device with this kubelet ID.
+    pub fn get(&self, id: &str) -> Option<&Advertised> {
+        self.index.get(id).map(|&i| &self.devices[i])
+    }
+
+    /// The kubelet ID of `unit` of `device_id`, if this resource advertises it.
+    pub fn id_of(&self, device_id: &str, unit: &Unit) -> Option<&str> {
+        self.devices
+            .iter()
+            .find(|a| a.device_id == device_id && a.unit == *unit)
+            .map(|a| a.id.as_str())
+    }
+}
+
+/// Keeps `[A-Za-z0-9_.-]` and turns everything else into `-`.
+fn sanitize(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// The distinct profiles of a layout, in first-use order.
+fn profiles(slices: &[SliceAt]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for s in slices {
+        if !out.contains(&s.profile.as_str()) {
+            out.push(&s.profile);
+        }
+    }
+    out
+}
+
+/// The resource names a served pool gets.
+pub fn resource_names(cfg: &DevicePluginConfig, pool: &PoolConfig) -> Vec<String> {
+    let base = format!("{}/{}", cfg.resource_prefix, pool.name);
+    match cfg.slice_layouts.get(&pool.name) {
+        Some(slices) if profiles(slices).len() > 1 => profiles(slices)
+            .into_iter()
+            .map(|p| format!("{base}-{}", sanitize(p)))
+            .collect(),
+        _ => vec![base],
+    }
+}
+
+/// Checks a static slice layout against its pool: the pool is sliced, the layout names only its
+/// profiles at their allowed start slots, and no two slices overlap. The error says which.
+pub fn check(pool: &PoolConfig, slices: &[SliceAt]) -> Result<(), String> {
+    let FamilyConfig::Sliced {
+        slots,
+        profiles: defined,
+    } = &pool.family
+    else {
+        return Err(format!(
+            "the pool is of family {}, and only sliced pools have a slice layout",
+            pool.family.kind()
+        ));
+    };
+    if slices.is_empty() {
+        return Err("the layout names no slice; remove it to advertise whole devices".into());
+    }
+    let mut taken: Vec<Option<&SliceAt>> = vec![None; *slots as usize];
+    for s in slices {
+        let Some(p) = defined.iter().find(|p| p.name == s.profile) else {
+            let names: Vec<&str> = defined.iter().map(|p| p.name.as_str()).collect();
+            return Err(format!(
+                "profile {} is not defined in the pool (it defines {})",
+                s.profile,
+                names.join(", ")
+            ));
+        };
+        if !p.starts.contains(&s.start) {
+            return Err(format!(
+                "profile {} may not start at slot {} (allowed: {})",
+                s.profile,
+                s.start,
+                p.starts
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let end = u64::from(s.start) + u64::from(p.size);
+        if end > u64::from(*slots) {
+            return Err(format!(
+                "slice {}@{} runs past the device's {slots} slots",
+                s.profile, s.start
+            ));
+        }
+        for slot in s.start..s.start + p.size {
+            if let Some(other) = taken[slot as usize].replace(s) {
+                return Err(format!(
+                    "slices {}@{} and {}@{} overlap at slot {slot}; the device plugin API cannot express overlapping slices",
+                    other.profile, other.start, s.profile, s.start
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The pools served: those listed, else every pool of a built-in family.
+pub fn served<'a>(cfg: &'a DevicePluginConfig, pools: &'a [PoolConfig]) -> Vec<&'a PoolConfig> {
+    pools
+        .iter()
+        .filter(|p| {
+            if cfg.pools.is_empty() {
+                !matches!(p.family, FamilyConfig::Custom { .. })
+            } else {
+                cfg.pools.contains(&p.name)
+            }
+        })
+        .collect()
+}
+
+/// The resources and the devices each advertises, for the pools of `pools` that `cfg` serves,
+/// over the inventory of `node`. Pools with no device still get a resource (advertising none),
+/// so the kubelet sees them at zero rather than not at all.
+pub fn plan(cfg: &DevicePluginConfig, pools: &[PoolConfig], node: &Node) -> Vec<Resource> {
+    let mut out = Vec::new();
+    for pool in served(cfg, pools) {
+        let devices = node.pool_devices(&pool.name).unwrap_or_default();
+        let names = resource_names(cfg, pool);
+        let layout = cfg.slice_layouts.get(&pool.name);
+        // One group of units per resource: (resource name, units of one device).
+        let groups: Vec<(String, Vec<(String, Unit)>)> = match (&pool.family, layout) {
+            (FamilyConfig::Shared { replicas, .. }, _) => vec![(
+                names[0].clone(),
+                (0..*replicas)
+                    .map(|n| (format!("::{n}"), Unit::Share { index: n, count: 1 }))
+                    .collect(),
+            )],
+            (
+                FamilyConfig::Sliced {
+                    profiles: defined, ..
+                },
+                Some(slices),
+            ) => {
+                let per_profile = names.len() > 1;
+                profiles(slices)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, profile)| {
+                        let units = slices
+                            .iter()
+                            .filter(|s| !per_profile || s.profile == profile)
+                            .filter_map(|s| {
+                                let p = defined.iter().find(|p| p.name == s.profile)?;
+                                Some((
+                                    format!("::{}@{}", s.profile, s.start),
+                                    Unit::Slice {
+                                        profile: s.profile.clone(),
+                                        start: s.start,
+                                        size: p.size,
+                                    },
+                                ))
+                            })
+                            .collect();
+                        (names[if per_profile { k } else { 0 }].clone(), units)
+                    })
+                    .take(names.len())
+                    .collect()
+            }
+            _ => vec![(names[0].clone(), vec![(String::new(), Unit::Whole)])],
+        };
+        for (name, units) in groups {
+            let mut advertised = Vec::new();
+            for d in devices {
+                for (suffix, unit) in &units {
+                    advertised.push(Advertised {
+                        id: format!("{}{suffix}", d.id),
+                        device_id: d.id.clone(),
+                        unit: unit.clone(),
+                        numa: d.numa_node,
+                    });
+                }
+            }
+            let tail = name.rsplit('/').next().unwrap_or(&name);
+            let socket = format!("nri-accel-{}.sock", sanitize(tail));
+            out.push(Resource::new(name, pool.name.clone(), socket, advertised));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policies::{Device, Inventory, ProfileConfig, Registry};
+
+    fn gpu(id: &str, numa: u32) -> Device {
+        Device {
+            id: id.into(),
+            vendor: "nvidia".into(),
+            model: String::new(),
+            pci_address: None,
+            pci_id: None,
+            numa_node: Some(numa),
+            local_cpus: Default::default(),
+            memory_mib: 0,
+            compute_units: 0,
+            driver: None,
+            nodes: vec![],
+            control_nodes: vec![],
+        }
+    }
+
+    fn pool(name: &str, ids: &[&str], family: FamilyConfig) -> PoolConfig {
+        PoolConfig {
+            name: name.into(),
+            select: policies::DeviceSelector {
+                ids: ids.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            },
+            family,
+            cpus_per_device: 0,
+        }
+    }
+
+    fn sliced() -> FamilyConfig {
+        let p = |name: &str, size: u32, starts: Vec<u32>| ProfileConfig {
+            name: name.into(),
+            size,
+            memory_mib: 0,
+            compute_units: 0,
+            starts,
+        };
+        FamilyConfig::Sliced {
+            slots: 8,
+            profiles: vec![p("1g", 1, (0..8).collect()), p("4g", 4, vec![0, 4])],
+        }
+    }
+
+    fn at(profile: &str, start: u32) -> SliceAt {
+        SliceAt {
+            profile: profile.into(),
+            start,
+        }
+    }
+
+    #[test]
+    fn every_family_is_advertised_with_its_ids_and_numa() {
+        let pools = vec![
+            pool("whole", &["g0", "g1"], FamilyConfig::Exclusive),
+            pool(
+                "shared",
+                &["g2"],
+                FamilyConfig::Shared {
+                    replicas: 3,
+                    memory_mib_per_share: 0,
+                    compute_percent_per_share: 0,
+                },
+            ),
+            pool("mig", &["g3"], sliced()),
+            pool("mixed", &["g4"], sliced()),
+            pool("plain", &["g5"], sliced()),
+        ];
+        let devices = (0..6).map(|i| gpu(&format!("g{i}"), i % 2)).collect();
+        let node = Node::new(
+            Inventory {
+                devices,
+                cpus: "0-3".parse().unwrap(),
+            },
+            &pools,
+            &Registry::with_builtins(),
+        )
+        .unwrap();
+        let mut cfg = DevicePluginConfig::default();
+        cfg.slice_layouts
+            .insert("mig".into(), (0..8).map(|s| at("1g", s)).collect());
+        cfg.slice_layouts
+            .insert("mixed".into(), vec![at("4g", 0), at("1g", 4), at("1g", 5)]);
+        let r = plan(&cfg, &pools, &node);
+        let names: Vec<&str> = r.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "accel.nri.io/whole",
+                "accel.nri.io/shared",
+                "accel.nri.io/mig",
+                "accel.nri.io/mixed-4g",
+                "accel.nri.io/mixed-1g",
+                "accel.nri.io/plain"
+            ]
+        );
+        let ids = |i: usize| -> Vec<&str> { r[i].devices.iter().map(|d| d.id.as_str()).collect() };
+        assert_eq!(ids(0), ["g0", "g1"]);
+        assert_eq!(r[0].devices[1].numa, Some(1));
+        assert_eq!(ids(1), ["g2::0", "g2::1", "g2::2"]);
+        assert_eq!(
+            r[1].get("g2::1").unwrap().unit,
+            Unit::Share { index: 1, count: 1 }
+        );
+        assert_eq!(ids(2).len(), 8);
+        assert_eq!(ids(3), ["g4::4g@0"]);
+        assert_eq!(ids(4), ["g4::1g@4", "g4::1g@5"]);
+        assert_eq!(ids(5), ["g5"]);
+        assert_eq!(r[5].devices[0].unit, Unit::Whole);
+        assert_eq!(r[3].socket, "nri-accel-mixed-4g.sock");
+        assert_eq!(
+            r[1].id_of("g2", &Unit::Share { index: 2, count: 1 }),
+            Some("g2::2")
+        );
+
+        // Only the listed pools when a list is given.
+        cfg.pools = vec!["shared".into()];
+        assert_eq!(plan(&cfg, &pools, &node).len(), 1);
+    }
+
+    #[test]
+    fn layouts_are_checked_against_the_pool() {
+        let p = pool("mig", &[], sliced());
+        assert!(check(&p, &[at("4g", 0), at("4g", 4)]).is_ok());
+        let e = check(&p, &[at("4g", 0), at("1g", 3)]).unwrap_err();
+        assert!(e.contains("4g@0 and 1g@3 overlap at slot 3"), "{e}");
+        let e = check(&p, &[at("2g", 0)]).unwrap_err();
+        assert!(
+            e.contains("profile 2g is not defined") && e.contains("1g, 4g"),
+            "{e}"
+        );
+        let e = check(&p, &[at("4g", 2)]).unwrap_err();
+        assert!(e.contains("may not start at slot 2 (allowed: 0, 4)"), "{e}");
+        assert!(check(&p, &[]).unwrap_err().contains("names no slice"));
+        let whole = pool("w", &[], FamilyConfig::Exclusive);
+        assert!(
+            check(&whole, &[at("1g", 0)])
+                .unwrap_err()
+                .contains("exclusive")
+        );
+    }
+}

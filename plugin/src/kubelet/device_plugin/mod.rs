@@ -1,0 +1,41 @@
+//! The kubelet's device plugin API (v1beta1): one device plugin per served pool, so that the
+//! scheduler counts a node's free accelerators in clusters without DRA, while nri-accel's policy
+//! still decides which units a container gets and its NRI side ties the grant to the container.
+//!
+//! - [`layout`]: what each resource advertises (a pure function of the config and inventory);
+//! - [`listing`]: ListAndWatch's devices, their NUMA node and health;
+//! - [`claims`]: how an Allocate becomes a claim, and what it does with the claims that hold
+//!   the devices already;
+//! - [`service`]: the `v1beta1.DevicePlugin` server, a thin adapter over the engine;
+//! - [`plugins`]: serving every resource's socket, registering with the kubelet, and noticing
+//!   the kubelet's restart (it wipes its directory) to serve and register again;
+//! - [`status`]: the `device_plugins` part of `nri-accel status`.
+//!
+//! docs/device-plugin.md explains the choices to an operator.
+
+pub mod claims;
+mod error;
+pub mod layout;
+pub mod listing;
+pub mod plugins;
+pub mod service;
+pub mod status;
+
+pub use error::DevicePluginError;
+pub use plugins::{DevicePlugins, Registration};
+
+/// Whether `name` is a valid extended resource name: `<DNS subdomain>/<name>`, the name 1 to 63
+/// characters of `[A-Za-z0-9_.-]` starting and ending with a letter or digit.
+pub fn resource_name_ok(name: &str) -> bool {
+    let Some((prefix, tail)) = name.split_once('/') else {
+        return false;
+    };
+    let b = tail.as_bytes();
+    !prefix.is_empty()
+        && !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}

@@ -1,0 +1,485 @@
+//! The device plugins of one daemon: their resources, their sockets in the kubelet's
+//! device-plugins directory, their registration with the kubelet, and what their services share.
+//!
+//! A supervisor task serves every resource's socket once the gate is open (before that, the
+//! containers already running have not reached the policy) and registers it through the
+//! kubelet's `kubelet.sock`. It then checks every [`WATCH_EVERY`]: a socket that vanished (the
+//! kubelet wipes the directory when it restarts) is served again, and a `kubelet.sock` that
+//! appeared or was replaced (a restarted kubelet) gets every resource registered again. A failed
+//! registration is retried at the next check and kept for `status`.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use kubelet_proto::deviceplugin as pb;
+use policies::{Ask, Candidate, ClaimRequest, PoolConfig, UnitResult};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::layout::{self, Resource};
+use super::listing::{self, Listed};
+use super::{DevicePluginError, claims};
+use crate::config::DevicePluginConfig;
+use crate::device_health::HealthMonitor;
+use crate::engine::{Engine, Origin};
+use crate::gate::Gate;
+use crate::kubelet::{KubeletError, ServedSocket};
+
+/// How often the supervisor checks the sockets and the kubelet's socket.
+pub const WATCH_EVERY: Duration = Duration::from_millis(500);
+
+/// How often a ListAndWatch stream re-checks its devices when nothing woke it (claims made
+/// through other doors change what the kubelet may hand out).
+pub const LISTING_RECHECK: Duration = Duration::from_secs(1);
+
+/// The longest device ID the kubelet's API documents.
+const MAX_ID_LEN: usize = 63;
+
+/// How long a registration call may take.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where one resource's registration with the kubelet stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum Registration {
+    /// Waiting for the runtime's Synchronize (the gate) before serving.
+    WaitingForGate,
+    /// Served; the kubelet's `kubelet.sock` is not there.
+    WaitingForKubelet,
+    /// The kubelet accepted the registration.
+    Registered {
+        /// When, in seconds since the Unix epoch.
+        since: u64,
+    },
+    /// Serving or registering failed; retried.
+    Failed {
+        /// Why, in one sentence.
+        reason: String,
+    },
+}
+
+/// The device plugins of the daemon.
+pub struct DevicePlugins {
+    pub(super) engine: Arc<Engine>,
+    gate: Gate,
+    health: HealthMonitor,
+    pub(super) cfg: DevicePluginConfig,
+    resources: Vec<Resource>,
+    registrations: Vec<watch::Sender<Registration>>,
+    /// Bumped after every allocation and release made here, to wake the ListAndWatch streams.
+    changed: watch::Sender<u64>,
+    /// Allocations are decided one at a time: each looks at the claims the previous one left.
+    allocating: tokio::sync::Mutex<()>,
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// (device, inode) of the file at `path`, if there is one.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+impl DevicePlugins {
+    /// The device plugins `cfg` asks for over the pools and inventory the engine holds; serving
+    /// and registering starts in a task once `gate` opens.
+    pub fn start(
+        cfg: &DevicePluginConfig,
+        pools: &[PoolConfig],
+        engine: Arc<Engine>,
+        gate: Gate,
+        health: HealthMonitor,
+    ) -> Arc<DevicePlugins> {
+        let resources = engine.with_node(|n| layout::plan(cfg, pools, n));
+        for r in &resources {
+            if let Some(long) = r.devices.iter().find(|a| a.id.len() > MAX_ID_LEN) {
+                tracing::warn!(resource = %r.name, device = %long.id,
+                    "device IDs longer than {MAX_ID_LEN} characters may be refused by the kubelet; give the device a shorter id");
+            }
+        }
+        let registrations = resources
+            .iter()
+            .map(|_| watch::channel(Registration::WaitingForGate).0)
+            .collect();
+        let plugins = Arc::new(DevicePlugins {
+            engine,
+            gate,
+            health,
+            cfg: cfg.clone(),
+            resources,
+            registrations,
+            changed: watch::channel(0).0,
+            allocating: tokio::sync::Mutex::new(()),
+            stop: watch::channel(false).0,
+            task: Mutex::new(None),
+        });
+        let task = tokio::spawn(supervise(plugins.clone()));
+        *plugins.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        plugins
+    }
+
+    /// The resources served, in config order.
+    pub fn resources(&self) -> &[Resource] {
+        &self.resources
+    }
+
+    /// The kubelet's registration socket.
+    pub fn kubelet_socket(&self) -> PathBuf {
+        self.cfg.dir.join("kubelet.sock")
+    }
+
+    /// Where resource `i`'s registration stands now.
+    pub fn registration(&self, i: usize) -> Registration {
+        self.registrations[i].borrow().clone()
+    }
+
+    /// Follows resource `i`'s registration.
+    pub fn subscribe_registration(&self, i: usize) -> watch::Receiver<Registration> {
+        self.registrations[i].subscribe()
+    }
+
+    /// Stops serving: every ListAndWatch stream ends and the sockets are unlinked.
+    pub async fn shutdown(&self) {
+        self.stop.send_replace(true);
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = task
+            && tokio::time::timeout(Duration::from_secs(5), t)
+                .await
+                .is_err()
+        {
+            tracing::warn!("the device plugins did not stop within 5 s");
+        }
+    }
+
+    /// What resource `i` lists now.
+    pub fn listed(&self, i: usize) -> Vec<Listed> {
+        let r = &self.resources[i];
+        let holds = self.engine.with_claims(|claims| listing::holds(r, claims));
+        listing::list(r, &holds, &self.health.current())
+    }
+
+    /// Sends resource `i`'s list to `tx` now and again whenever it changes, until the kubelet
+    /// goes away or the plugins stop.
+    pub(super) async fn watch_listing(
+        &self,
+        i: usize,
+        tx: mpsc::Sender<Result<pb::ListAndWatchResponse, tonic::Status>>,
+    ) {
+        let mut health = self.health.subscribe();
+        let mut health_live = true;
+        let mut changed = self.changed.subscribe();
+        let mut stop = self.stop.subscribe();
+        let mut tick = tokio::time::interval(LISTING_RECHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last: Option<Vec<Listed>> = None;
+        loop {
+            let listed = self.listed(i);
+            if last.as_ref() != Some(&listed) {
+                if tx.send(Ok(listing::to_response(&listed))).await.is_err() {
+                    return;
+                }
+                last = Some(listed);
+            }
+            tokio::select! {
+                r = health.changed(), if health_live => health_live = r.is_ok(),
+                _ = changed.changed() => {}
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+                _ = tx.closed() => return,
+            }
+        }
+    }
+
+    /// The kubelet's GetPreferredAllocation for one container of resource `i`: the IDs the
+    /// policy would pick among `available`, including `must`.
+    pub fn preferred(
+        &self,
+        i: usize,
+        available: &[String],
+        must: &[String],
+        size: usize,
+    ) -> Vec<String> {
+        let r = &self.resources[i];
+        let candidate = |id: &String| {
+            r.get(id).map(|a| Candidate {
+                device_id: a.device_id.clone(),
+                unit: a.unit.clone(),
+            })
+        };
+        let avail: Vec<Candidate> = available.iter().filter_map(candidate).collect();
+        let must_known: Vec<Candidate> = must.iter().filter_map(candidate).collect();
+        let picks = self
+            .engine
+            .with_node(|n| n.preferred(&r.pool, &avail, &must_known, size));
+        // IDs the kubelet must include that we do not advertise stay in the answer as given.
+        let mut out: Vec<String> = must
+            .iter()
+            .filter(|id| r.get(id).is_none())
+            .cloned()
+            .collect();
+        out.extend(
+            picks
+                .iter()
+                .filter_map(|c| r.id_of(&c.device_id, &c.unit))
+                .map(str::to_string),
+        );
+        out
+    }
+
+    /// The kubelet's Allocate of `ids` for one container of resource `i`: a claim of exactly
+    /// those units through the engine, answered with its CDI device names (and device nodes,
+    /// env and mounts when `device_nodes` is set).
+    pub async fn allocate(
+        &self,
+        i: usize,
+        ids: &[String],
+    ) -> Result<pb::ContainerAllocateResponse, DevicePluginError> {
+        let r = &self.resources[i];
+        let invalid = |why: String| DevicePluginError::Invalid {
+            resource: r.name.clone(),
+            why,
+        };
+        if !self.gate.is_open() {
+            return Err(DevicePluginError::NotReady {
+                resource: r.name.clone(),
+            });
+        }
+        if ids.is_empty() {
+            return Err(invalid("Allocate names no device".into()));
+        }
+        let set: BTreeSet<String> = ids.iter().cloned().collect();
+        if set.len() != ids.len() {
+            return Err(invalid("Allocate names a device twice".into()));
+        }
+        let mut units = Vec::with_capacity(set.len());
+        for id in &set {
+            let Some(a) = r.get(id) else {
+                return Err(DevicePluginError::UnknownDevice {
+                    resource: r.name.clone(),
+                    id: id.clone(),
+                });
+            };
+            units.push(UnitResult {
+                request: id.clone(),
+                pool: r.pool.clone(),
+                device_id: a.device_id.clone(),
+                unit: a.unit.clone(),
+            });
+        }
+        let engine_err = |source| DevicePluginError::Engine {
+            resource: r.name.clone(),
+            source: Box::new(source),
+        };
+        let _one_at_a_time = self.allocating.lock().await;
+        let now = now_secs();
+        let plan = claims::plan(
+            &r.name,
+            &set,
+            &self.engine.device_plugin_claims(),
+            now,
+            self.cfg.unused_grace_secs,
+        )?;
+        for old in &plan.release {
+            if !self
+                .engine
+                .release_unused_device_plugin_claim(old)
+                .await
+                .map_err(engine_err)?
+            {
+                return Err(invalid(format!(
+                    "claim {old} holding some of these devices was taken into use meanwhile; the kubelet retries"
+                )));
+            }
+            tracing::info!(resource = %r.name, claim = %old,
+                "released an earlier allocation of these devices: the kubelet handed them out again");
+        }
+        if !plan.release.is_empty() {
+            self.changed.send_modify(|n| *n += 1);
+        }
+        let uid = claims::claim_uid(&r.name, &set);
+        let request = ClaimRequest {
+            uid: uid.clone(),
+            namespace: String::new(),
+            name: r.name.clone(),
+            ask: Ask::Units(units),
+        };
+        let origin = Origin::DevicePlugin {
+            resource: r.name.clone(),
+            device_ids: set.iter().cloned().collect(),
+            allocated_at: now,
+            user: None,
+        };
+        let prepared = self
+            .engine
+            .prepare_as(request, origin)
+            .await
+            .map_err(engine_err)?;
+        self.changed.send_modify(|n| *n += 1);
+        let shown: Vec<&str> = set.iter().map(String::as_str).collect();
+        tracing::info!(resource = %r.name, claim = %uid, devices = %shown.join(","),
+            already = prepared.already, "device plugin allocation");
+        let mut answer = pb::ContainerAllocateResponse {
+            cdi_devices: prepared
+                .devices
+                .iter()
+                .map(|d| pb::CdiDevice {
+                    name: d.cdi_id.clone(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        if self.cfg.device_nodes {
+            let edits = self.engine.with_node(|n| n.edits(&uid)).unwrap_or_default();
+            let mut paths = BTreeSet::new();
+            for e in edits {
+                for n in e.device_nodes {
+                    if paths.insert(n.path.clone()) {
+                        answer.devices.push(pb::DeviceSpec {
+                            host_path: n.host_path.clone().unwrap_or_else(|| n.path.clone()),
+                            container_path: n.path,
+                            permissions: n.permissions,
+                        });
+                    }
+                }
+                answer.envs.extend(e.env);
+                answer
+                    .mounts
+                    .extend(e.mounts.into_iter().map(|m| pb::Mount {
+                        read_only: m.options.iter().any(|o| o == "ro"),
+                        container_path: m.container_path,
+                        host_path: m.host_path,
+                    }));
+            }
+        }
+        Ok(answer)
+    }
+}
+
+/// Serves and registers every resource until the plugins stop.
+async fn supervise(plugins: Arc<DevicePlugins>) {
+    let mut stop = plugins.stop.subscribe();
+    tokio::select! {
+        _ = plugins.gate.wait_open() => {}
+        _ = stop.wait_for(|s| *s) => return,
+    }
+    let kubelet = plugins.kubelet_socket();
+    let n = plugins.resources.len();
+    let mut served: Vec<Option<ServedSocket>> = (0..n).map(|_| None).collect();
+    // The kubelet socket each resource is registered through.
+    let mut registered: Vec<Option<(u64, u64)>> = vec![None; n];
+    loop {
+        let kubelet_id = identity(&kubelet);
+        for i in 0..n {
+            let r = &plugins.resources[i];
+            if !served[i].as_ref().is_some_and(ServedSocket::is_present) {
+                if served[i].take().is_some() {
+                    tracing::warn!(resource = %r.name, "the device plugin socket vanished (the kubelet restarted?); serving it again");
+                }
+                registered[i] = None;
+                let path = plugins.cfg.dir.join(&r.socket);
+                match serve(&plugins, i, &path) {
+                    Ok(s) => served[i] = Some(s),
+                    Err(e) => {
+                        set_state(
+                            &plugins,
+                            i,
+                            Registration::Failed {
+                                reason: e.to_string(),
+                            },
+                        );
+                        continue;
+                    }
+                }
+            }
+            match kubelet_id {
+                None => {
+                    registered[i] = None;
+                    set_state(&plugins, i, Registration::WaitingForKubelet);
+                }
+                Some(id) if registered[i] != Some(id) => {
+                    match register(&plugins, i, &kubelet).await {
+                        Ok(()) => {
+                            registered[i] = Some(id);
+                            tracing::info!(resource = %r.name, socket = %r.socket, "registered with the kubelet");
+                            set_state(&plugins, i, Registration::Registered { since: now_secs() });
+                        }
+                        Err(reason) => set_state(&plugins, i, Registration::Failed { reason }),
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(WATCH_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    for s in served.into_iter().flatten() {
+        s.shutdown().await;
+    }
+}
+
+/// Records resource `i`'s state, logging a failure once per distinct reason.
+fn set_state(plugins: &DevicePlugins, i: usize, state: Registration) {
+    plugins.registrations[i].send_if_modified(|old| {
+        if *old == state {
+            return false;
+        }
+        if let Registration::Failed { reason } = &state {
+            tracing::error!(resource = %plugins.resources[i].name, %reason,
+                "device plugin not registered with the kubelet; retrying");
+        }
+        *old = state;
+        true
+    });
+}
+
+fn serve(
+    plugins: &Arc<DevicePlugins>,
+    i: usize,
+    path: &Path,
+) -> Result<ServedSocket, KubeletError> {
+    let service = super::service::DevicePluginService::new(plugins.clone(), i);
+    let router = tonic::transport::Server::builder().add_service(service.into_server());
+    ServedSocket::serve(path, router)
+}
+
+/// Registers resource `i` through the kubelet's socket; the error is one sentence.
+async fn register(plugins: &DevicePlugins, i: usize, kubelet: &Path) -> Result<(), String> {
+    let r = &plugins.resources[i];
+    let channel = crate::kubelet::dial(kubelet)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut client = pb::registration_client::RegistrationClient::new(channel);
+    let request = pb::RegisterRequest {
+        version: kubelet_proto::DEVICE_PLUGIN_VERSION.to_string(),
+        endpoint: r.socket.clone(),
+        resource_name: r.name.clone(),
+        options: Some(super::service::options()),
+    };
+    match tokio::time::timeout(REGISTER_TIMEOUT, client.register(request)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(status)) => Err(format!(
+            "the kubelet refused resource {}: {}",
+            r.name,
+            status.message()
+        )),
+        Err(_) => Err(format!(
+            "the kubelet at {} did not answer the registration of {} within {} s",
+            kubelet.display(),
+            r.name,
+            REGISTER_TIMEOUT.as_secs()
+        )),
+    }
+}

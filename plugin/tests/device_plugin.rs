@@ -1,0 +1,519 @@
+//! The device plugins in process against the simulated kubelet (kube-sim, which declares the
+//! device plugin API by hand from the kubelet's field numbers), over real unix sockets: the
+//! kubelet's registration, ListAndWatch with NUMA nodes and health changes, preferred
+//! allocations from the policy, Allocate as a claim the containers then hold, refusals of held
+//! devices, and a kubelet restart that wipes the directory.
+//! The `nri-accel` binary end to end is in e2e_device_plugin.rs.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_sim::kubelet::{DevicePluginKubelet, SimError};
+use nri_accel::checkpoint::Checkpoint;
+use nri_accel::config::{DevicePluginConfig, SliceAt};
+use nri_accel::daemon::{Agent, AgentSettings, ContainerView};
+use nri_accel::device_health::{DeviceHealth, HealthMonitor, HealthReport};
+use nri_accel::engine::Engine;
+use nri_accel::gate::Gate;
+use nri_accel::kubelet::device_plugin::{DevicePlugins, Registration};
+use policies::{
+    Ask, ClaimRequest, CpuSet, DeviceSelector, FamilyConfig, Inventory, NamedResult, Node,
+    PoolConfig, Registry,
+};
+
+const WAIT: Duration = Duration::from_secs(30);
+const WHOLE: &str = "accel.nri.io/whole";
+const SHARED: &str = "accel.nri.io/shared";
+const MIG: &str = "accel.nri.io/mig";
+const KIND: &str = "accel.nri.io/device";
+
+/// Four whole GPUs (gpu0, gpu2 on NUMA 0; gpu1, gpu3 on NUMA 1) with two local CPUs each, one
+/// GPU shared four ways, one cut into MIG-like slices.
+fn pools() -> Vec<PoolConfig> {
+    let ids = |v: &[&str]| DeviceSelector {
+        ids: v.iter().map(|s| s.to_string()).collect(),
+        ..DeviceSelector::default()
+    };
+    vec![
+        PoolConfig {
+            name: "whole".into(),
+            select: ids(&["gpu0", "gpu1", "gpu2", "gpu3"]),
+            family: FamilyConfig::Exclusive,
+            cpus_per_device: 2,
+        },
+        PoolConfig {
+            name: "shared".into(),
+            select: ids(&["gpu4"]),
+            family: FamilyConfig::Shared {
+                replicas: 4,
+                memory_mib_per_share: 20_000,
+                compute_percent_per_share: 0,
+            },
+            cpus_per_device: 0,
+        },
+        PoolConfig {
+            name: "mig".into(),
+            select: ids(&["gpu5"]),
+            family: FamilyConfig::Sliced {
+                slots: 8,
+                profiles: nri_accel::demo::fixtures::mig_profiles(),
+            },
+            cpus_per_device: 0,
+        },
+    ]
+}
+
+fn inventory() -> Inventory {
+    let devices = (0..6u32)
+        .map(|i| {
+            let numa = i % 2;
+            let local: CpuSet = if numa == 0 { "0-7" } else { "8-15" }.parse().unwrap();
+            let pci = format!("0000:{:02x}:00.0", 0x18 + i * 0x10);
+            nri_accel::demo::simulated_gpu(i, numa, local, pci)
+        })
+        .collect();
+    Inventory {
+        devices,
+        cpus: "0-15".parse().unwrap(),
+    }
+}
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    cdi: std::path::PathBuf,
+    engine: Arc<Engine>,
+    agent: Agent,
+    health: tokio::sync::watch::Sender<Arc<HealthReport>>,
+    plugins: Arc<DevicePlugins>,
+    kubelet: DevicePluginKubelet,
+}
+
+fn dp_config(dir: &Path, grace: u64) -> DevicePluginConfig {
+    let mut cfg = DevicePluginConfig {
+        enabled: true,
+        dir: dir.to_path_buf(),
+        unused_grace_secs: grace,
+        ..DevicePluginConfig::default()
+    };
+    cfg.slice_layouts.insert(
+        "mig".into(),
+        vec![
+            SliceAt {
+                profile: "3g.40gb".into(),
+                start: 0,
+            },
+            SliceAt {
+                profile: "3g.40gb".into(),
+                start: 4,
+            },
+        ],
+    );
+    cfg
+}
+
+async fn setup(grace: u64) -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("device-plugins");
+    let cdi = tmp.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let inv = inventory();
+    let node = Node::new(inv.clone(), &pools(), &Registry::with_builtins()).unwrap();
+    let journal = Checkpoint::load(&tmp.path().join("state"), "boot").unwrap();
+    let specs = cdi::SpecStore::open(cdi::StoreConfig {
+        dir: cdi.clone(),
+        vendor: "accel.nri.io".into(),
+        class: "device".into(),
+        format: cdi::SpecFormat::Yaml,
+    })
+    .unwrap();
+    let engine = Arc::new(Engine::start(node, journal, specs, None).unwrap().0);
+    let agent = Agent::new(
+        engine.clone(),
+        AgentSettings {
+            cdi_kind: KIND.into(),
+            annotation_prefix: "accel.nri.io".into(),
+            manage_shared_cpus: true,
+        },
+    );
+    let (monitor, health) = HealthMonitor::fixed(HealthReport::all_healthy(&inv));
+    let kubelet = DevicePluginKubelet::start(&dir).unwrap();
+    let gate = Gate::new();
+    let plugins = DevicePlugins::start(
+        &dp_config(&dir, grace),
+        &pools(),
+        engine.clone(),
+        gate.clone(),
+        monitor,
+    );
+    // Nothing is served before the runtime's Synchronize opens the gate.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(kubelet.plugin(WHOLE).is_none());
+    assert_eq!(plugins.registration(0), Registration::WaitingForGate);
+    gate.open();
+    for r in [WHOLE, SHARED, MIG] {
+        kubelet.wait_registered(r, WAIT).await.expect("registered");
+    }
+    Setup {
+        _tmp: tmp,
+        dir,
+        cdi,
+        engine,
+        agent,
+        health,
+        plugins,
+        kubelet,
+    }
+}
+
+fn view(id: &str, pod: &str, cdi: &[String]) -> ContainerView {
+    ContainerView {
+        id: id.into(),
+        name: "app".into(),
+        pod_namespace: "team".into(),
+        pod_name: pod.into(),
+        pod_uid: format!("uid-{pod}"),
+        cdi_devices: cdi.to_vec(),
+        ..ContainerView::default()
+    }
+}
+
+fn cdi_names(
+    answer: &kube_sim::kubelet::deviceplugin_wire::ContainerAllocateResponse,
+) -> Vec<String> {
+    answer.cdi_devices.iter().map(|d| d.name.clone()).collect()
+}
+
+fn status_code(e: &SimError) -> tonic::Code {
+    e.code()
+        .unwrap_or_else(|| panic!("expected a status, got {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_lists_numa_nodes_and_streams_health_changes() {
+    let s = setup(60).await;
+    let whole = s.kubelet.plugin(WHOLE).unwrap();
+    assert!(whole.preferred_allocation && !whole.pre_start_required);
+    assert_eq!(whole.endpoint, s.dir.join("nri-accel-whole.sock"));
+    let listed: Vec<(&str, bool, Vec<i64>)> = whole
+        .devices
+        .iter()
+        .map(|d| (d.id.as_str(), d.healthy, d.numa.clone()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("gpu0", true, vec![0]),
+            ("gpu1", true, vec![1]),
+            ("gpu2", true, vec![0]),
+            ("gpu3", true, vec![1])
+        ]
+    );
+    let shared: Vec<String> = s
+        .kubelet
+        .plugin(SHARED)
+        .unwrap()
+        .devices
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    assert_eq!(shared, ["gpu4::0", "gpu4::1", "gpu4::2", "gpu4::3"]);
+    let mig: Vec<String> = s
+        .kubelet
+        .plugin(MIG)
+        .unwrap()
+        .devices
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    assert_eq!(mig, ["gpu5::3g.40gb@0", "gpu5::3g.40gb@4"]);
+    let options = s
+        .kubelet
+        .client(WHOLE)
+        .await
+        .unwrap()
+        .options()
+        .await
+        .unwrap();
+    assert!(options.get_preferred_allocation_available);
+
+    // gpu1's driver goes away: the kubelet hears of it, then of its return.
+    let mut report = HealthReport::all_healthy(&inventory());
+    report.devices.insert(
+        "gpu1".into(),
+        DeviceHealth {
+            healthy: false,
+            reason: "device gpu1 (PCI 0000:28:00.0) was unbound from its driver nvidia".into(),
+        },
+    );
+    s.health.send_replace(Arc::new(report));
+    let p = s
+        .kubelet
+        .wait_plugin(WHOLE, WAIT, |p| !p.unhealthy().is_empty())
+        .await
+        .unwrap();
+    assert_eq!(p.unhealthy(), ["gpu1"]);
+    let st = s.plugins.status();
+    assert_eq!(st.resources[0].unhealthy[0].id, "gpu1");
+    assert!(st.resources[0].unhealthy[0].reason.contains("unbound"));
+    s.health
+        .send_replace(Arc::new(HealthReport::all_healthy(&inventory())));
+    s.kubelet
+        .wait_plugin(WHOLE, WAIT, |p| p.devices.iter().all(|d| d.healthy))
+        .await
+        .unwrap();
+    for (i, r) in s.plugins.status().resources.iter().enumerate() {
+        assert!(
+            matches!(r.registration, Registration::Registered { .. }),
+            "{i}: {:?}",
+            r.registration
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_allocations_are_numa_local_and_skip_units_held_elsewhere() {
+    let s = setup(60).await;
+    let client = s.kubelet.client(WHOLE).await.unwrap();
+    let all: Vec<String> = (0..4).map(|i| format!("gpu{i}")).collect();
+    let mut two = client.preferred(&all, &[], 2).await.unwrap();
+    two.sort();
+    assert_eq!(two, ["gpu0", "gpu2"], "both on NUMA node 0");
+    let with_must = client.preferred(&all, &["gpu1".into()], 2).await.unwrap();
+    assert_eq!(
+        with_must,
+        ["gpu1", "gpu3"],
+        "the other one on gpu1's NUMA node"
+    );
+
+    // A DRA claim takes gpu0 through the claims path: the kubelet is told it is unusable, and
+    // the preferred pair moves to NUMA node 1, where two GPUs are still free.
+    s.engine
+        .prepare(ClaimRequest {
+            uid: "dra-1".into(),
+            namespace: "team".into(),
+            name: "dra".into(),
+            ask: Ask::Named(vec![NamedResult {
+                request: "gpu".into(),
+                pool: "whole".into(),
+                device: "whole-gpu0".into(),
+            }]),
+        })
+        .await
+        .unwrap();
+    let p = s
+        .kubelet
+        .wait_plugin(WHOLE, WAIT, |p| !p.unhealthy().is_empty())
+        .await
+        .unwrap();
+    assert_eq!(p.unhealthy(), ["gpu0"], "gpu0 is held by dra-1");
+    let mut two = client.preferred(&all, &[], 2).await.unwrap();
+    two.sort();
+    assert_eq!(two, ["gpu1", "gpu3"]);
+    // Allocating it anyway is refused, naming the claim that holds it.
+    let err = client.allocate(&["gpu0".into()]).await.unwrap_err();
+    assert_eq!(status_code(&err), tonic::Code::FailedPrecondition);
+    assert!(err.to_string().contains("held by claim dra-1"), "{err}");
+
+    // Shared replicas: the policy spreads by the same scoring a count claim uses.
+    let shared = s.kubelet.client(SHARED).await.unwrap();
+    let replicas: Vec<String> = (0..4).map(|n| format!("gpu4::{n}")).collect();
+    assert_eq!(shared.preferred(&replicas, &[], 1).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocation_is_held_by_its_container_and_freed_when_it_goes() {
+    let s = setup(60).await;
+    let (ids, answer) = s.kubelet.admit("pod-a/app", WHOLE, 1).await.unwrap();
+    let cdi = cdi_names(&answer);
+    assert_eq!(cdi.len(), 1);
+    assert!(cdi[0].starts_with(&format!("{KIND}=claim-dp-")), "{cdi:?}");
+    assert!(
+        answer.devices.is_empty(),
+        "no device nodes unless asked for"
+    );
+    // The kubelet repeating the same Allocate (it restarted) gets the same names.
+    let client = s.kubelet.client(WHOLE).await.unwrap();
+    assert_eq!(cdi_names(&client.allocate(&ids).await.unwrap()), cdi);
+    assert_eq!(s.engine.device_plugin_claims().len(), 1);
+
+    // The runtime creates the container with those CDI names: it holds the claim and gets the
+    // device's local CPUs.
+    let c = view("c-a", "pod-a", &cdi);
+    let (grant, _) = s
+        .agent
+        .create_container(&c, nri_accel::daemon::Injection::Cdi)
+        .await
+        .unwrap();
+    let cpus = grant.cpus.expect("cpuset");
+    assert_eq!(cpus.len(), 2, "{cpus}");
+    let claim = &s.engine.device_plugin_claims()[0];
+    assert_eq!(claim.users, ["c-a"]);
+    assert_eq!(claim.user.as_ref().unwrap().pod, "team/pod-a");
+
+    // Another container gets the same device from a confused kubelet: refused, naming the holder.
+    let err = client.allocate(&ids).await.unwrap_err();
+    assert_eq!(status_code(&err), tonic::Code::FailedPrecondition);
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!(
+            "device {} is still held by container c-a of pod team/pod-a",
+            ids[0]
+        )),
+        "{msg}"
+    );
+    let st = s.plugins.status();
+    assert_eq!(st.resources[0].held.len(), 1);
+    assert_eq!(st.resources[0].held[0].containers, ["c-a"]);
+
+    // A restarted container of the same pod uses the same names; the old one's removal does not
+    // release what the new one holds.
+    let again = view("c-a2", "pod-a", &cdi);
+    s.agent
+        .create_container(&again, nri_accel::daemon::Injection::Cdi)
+        .await
+        .unwrap();
+    s.agent.remove_container("c-a").await.unwrap();
+    assert_eq!(s.engine.device_plugin_claims().len(), 1);
+    // The last container goes: the claim is released, its spec removed, the device free again.
+    s.agent.remove_container("c-a2").await.unwrap();
+    assert!(s.engine.device_plugin_claims().is_empty());
+    assert_eq!(std::fs::read_dir(&s.cdi).unwrap().count(), 0);
+    s.kubelet.forget("pod-a/app");
+    let answer = client.allocate(&ids).await.unwrap();
+    assert_eq!(
+        cdi_names(&answer),
+        cdi,
+        "the same devices get the same claim again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocation_no_container_used_is_released_only_after_the_grace_period() {
+    let s = setup(3600).await;
+    let client = s.kubelet.client(SHARED).await.unwrap();
+    let first = client
+        .allocate(&["gpu4::0".into(), "gpu4::1".into()])
+        .await
+        .unwrap();
+    assert_eq!(first.cdi_devices.len(), 2);
+    // The kubelet hands gpu4::1 to another container before anyone used the first allocation.
+    let err = client.allocate(&["gpu4::1".into()]).await.unwrap_err();
+    assert_eq!(status_code(&err), tonic::Code::FailedPrecondition);
+    assert!(err.to_string().contains("has not started yet"), "{err}");
+    // Unknown and repeated IDs are the kubelet's mistakes.
+    let err = client.allocate(&["gpu9::0".into()]).await.unwrap_err();
+    assert_eq!(status_code(&err), tonic::Code::InvalidArgument);
+    let err = client
+        .allocate(&["gpu4::2".into(), "gpu4::2".into()])
+        .await
+        .unwrap_err();
+    assert_eq!(status_code(&err), tonic::Code::InvalidArgument);
+
+    // With no grace period the unused allocation is released first.
+    drop(client);
+    let s0 = setup(0).await;
+    let client = s0.kubelet.client(SHARED).await.unwrap();
+    client
+        .allocate(&["gpu4::0".into(), "gpu4::1".into()])
+        .await
+        .unwrap();
+    let second = client.allocate(&["gpu4::1".into()]).await.unwrap();
+    assert_eq!(second.cdi_devices.len(), 1);
+    let claims = s0.engine.device_plugin_claims();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].device_ids, ["gpu4::1"]);
+    // The replica is exactly the one the kubelet named.
+    let alloc = s0.engine.claims();
+    assert_eq!(
+        alloc[0].0.results[0].unit,
+        policies::Unit::Share { index: 1, count: 1 }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_nodes_env_and_mounts_are_answered_when_asked_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = setup(60).await;
+    // A second set of plugins in another directory, answering device nodes too.
+    let dir = tmp.path().join("dp2");
+    let kubelet = DevicePluginKubelet::start(&dir).unwrap();
+    let mut cfg = dp_config(&dir, 60);
+    cfg.device_nodes = true;
+    cfg.pools = vec!["shared".into()];
+    let gate = Gate::new();
+    gate.open();
+    let (monitor, _tx) = HealthMonitor::fixed(HealthReport::all_healthy(&inventory()));
+    let plugins = DevicePlugins::start(&cfg, &pools(), s.engine.clone(), gate, monitor);
+    kubelet.wait_registered(SHARED, WAIT).await.unwrap();
+    assert_eq!(plugins.resources().len(), 1);
+    let client = kubelet.client(SHARED).await.unwrap();
+    let answer = client.allocate(&["gpu4::2".into()]).await.unwrap();
+    let paths: Vec<&str> = answer
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(paths, ["/dev/nvidia4", "/dev/nvidiactl"]);
+    assert_eq!(answer.devices[0].permissions, "rw");
+    assert_eq!(
+        answer
+            .envs
+            .get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+            .map(String::as_str),
+        Some("0=20000M")
+    );
+    assert_eq!(answer.cdi_devices.len(), 1);
+    plugins.shutdown().await;
+    assert!(
+        !dir.join("nri-accel-shared.sock").exists(),
+        "shutdown unlinks the socket"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_restart_that_wipes_the_directory_gets_every_resource_registered_again() {
+    let mut s = setup(60).await;
+    // An allocation made before the restart survives it (the kubelet keeps its checkpoint).
+    let (ids, answer) = s.kubelet.admit("pod-b/app", WHOLE, 1).await.unwrap();
+    assert_eq!(s.kubelet.registrations(WHOLE), 1);
+    s.kubelet.restart().await.unwrap();
+    assert!(
+        !s.dir.join("nri-accel-whole.sock").exists(),
+        "the restart wiped our socket"
+    );
+    for r in [WHOLE, SHARED, MIG] {
+        s.kubelet
+            .wait_plugin(r, WAIT, |p| p.updates > 0)
+            .await
+            .unwrap_or_else(|e| panic!("{r} not registered again: {e}"));
+        assert_eq!(s.kubelet.registrations(r), 2, "{r}");
+    }
+    assert!(s.dir.join("nri-accel-whole.sock").exists());
+    // The kubelet's repeated Allocate after its restart is answered with the same names.
+    let client = s.kubelet.client(WHOLE).await.unwrap();
+    assert_eq!(
+        cdi_names(&client.allocate(&ids).await.unwrap()),
+        cdi_names(&answer)
+    );
+    // The kubelet gone for good: the plugins wait for it, then register when it is back.
+    let dir = s.dir.clone();
+    let old = std::mem::replace(
+        &mut s.kubelet,
+        DevicePluginKubelet::start(&s._tmp.path().join("elsewhere")).unwrap(),
+    );
+    old.stop().await;
+    std::fs::remove_file(dir.join("kubelet.sock")).unwrap();
+    let mut reg = s.plugins.subscribe_registration(0);
+    tokio::time::timeout(
+        WAIT,
+        reg.wait_for(|r| *r == Registration::WaitingForKubelet),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let back = DevicePluginKubelet::start(&dir).unwrap();
+    back.wait_registered(WHOLE, WAIT).await.unwrap();
+    s.plugins.shutdown().await;
+}
