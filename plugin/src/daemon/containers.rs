@@ -19,14 +19,16 @@ pub struct ContainerView {
     pub pod_name: String,
     /// Pod UID.
     pub pod_uid: String,
-    /// The pod's annotations (the annotation path reads them).
+    /// The pod's annotations the annotation path reads (those under its prefix), for a
+    /// container being created; empty for the running containers of a Synchronize, where
+    /// nothing reads them.
     pub pod_annotations: BTreeMap<String, String>,
     /// Fully qualified CDI device names the container was created with.
     pub cdi_devices: Vec<String>,
     /// (major, minor) of the device nodes in the container.
     pub device_nodes: Vec<(u32, u32)>,
-    /// The container's current cpuset, if the runtime reported one.
-    pub cpus: Option<String>,
+    /// The cpuset and memory nodes the runtime reports for the container.
+    pub placement: policies::Placement,
 }
 
 /// The claim UID a CDI device name of our kind grants, e.g.
