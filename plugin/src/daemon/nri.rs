@@ -349,6 +349,19 @@ impl Plugin for NriPlugin {
         Ok(updates.iter().map(update).collect())
     }
 
+    fn synchronize_freed(&self) {
+        // The decoded Synchronize (a few kilobytes per container) is freed: give its pages back
+        // to the system rather than keep them resident until the heap happens to reuse them.
+        let trim = || {
+            let released = crate::allocator::give_back_free_memory();
+            tracing::debug!(released, "freed memory of the Synchronize given back");
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(trim)),
+            Err(_) => trim(),
+        }
+    }
+
     async fn create_container(
         &self,
         pod: &PodSandbox,
