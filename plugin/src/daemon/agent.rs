@@ -465,7 +465,7 @@ impl Agent {
         })
     }
 
-    /// Containers known and the claims they hold.
+    /// The containers holding claims, and their claims.
     pub fn container_claims(&self) -> BTreeMap<String, BTreeSet<String>> {
         self.containers()
             .iter()
