@@ -317,7 +317,9 @@ async fn k_containers_on_a_shared_device_each_hold_a_share() {
 async fn the_claims_of_containers_gone_while_away_are_released_after_the_answer() {
     let d = dirs();
     let agent = agent(&d, 2);
-    agent.engine().container_started("bystander", &[], &policies::Placement::unpinned());
+    agent
+        .engine()
+        .container_started("bystander", &[], &policies::Placement::unpinned());
     let ann = view(
         "c-ann",
         "app",

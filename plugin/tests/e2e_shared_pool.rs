@@ -144,7 +144,10 @@ async fn only_containers_whose_cpuset_changes_are_updated() {
             .filter(|(_, set)| set.contains(cpu))
             .map(|(id, _)| id.clone())
             .collect();
-        assert_eq!(updated, had, "{uid} took CPU {cpu}; cpusets before: {before:?}");
+        assert_eq!(
+            updated, had,
+            "{uid} took CPU {cpu}; cpusets before: {before:?}"
+        );
         assert!(updated.contains("c-unpinned") && updated.contains("c-all"));
         near_updated += usize::from(updated.contains("c-near"));
         for (id, set) in cpusets(&fake) {
@@ -160,7 +163,10 @@ async fn only_containers_whose_cpuset_changes_are_updated() {
             owner = Some(cpus);
         }
     }
-    assert_eq!(near_updated, 1, "only the claim on c-near's NUMA node moves it");
+    assert_eq!(
+        near_updated, 1,
+        "only the claim on c-near's NUMA node moves it"
+    );
 
     // Everything is where it belongs: a Synchronize answers nothing.
     let answered = fake.sync_updates().len();

@@ -165,7 +165,11 @@ fn main() {
     // takes or gives back accelerator-local CPUs (the exclusive kind here).
     let uids: Vec<String> = node.allocations().map(|a| a.claim_uid.clone()).collect();
     for (i, uid) in uids.iter().enumerate() {
-        node.container_started(&format!("ctr-{i}"), std::slice::from_ref(uid), &Placement::unpinned());
+        node.container_started(
+            &format!("ctr-{i}"),
+            std::slice::from_ref(uid),
+            &Placement::unpinned(),
+        );
     }
     for i in 0..50 {
         node.container_started(&format!("idle-{i}"), &[], &Placement::unpinned());

@@ -40,7 +40,10 @@ impl Node {
             claims: claims.to_vec(),
             ..Container::default()
         };
-        let has_cpus = has.cpus.clone().unwrap_or_else(|| self.inventory.cpus.clone());
+        let has_cpus = has
+            .cpus
+            .clone()
+            .unwrap_or_else(|| self.inventory.cpus.clone());
         let has_mems = has.mems.clone().unwrap_or_else(|| self.numa_nodes());
         let mut adjustment = Adjustment {
             env: self.container_env(claims),

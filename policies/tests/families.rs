@@ -4,8 +4,8 @@ mod common;
 
 use common::*;
 use policies::{
-    CountRequest, DeviceSelector, FamilyConfig, FamilyKind, Placement, PublishedKind, RefusalReason,
-    Unit,
+    CountRequest, DeviceSelector, FamilyConfig, FamilyKind, Placement, PublishedKind,
+    RefusalReason, Unit,
 };
 
 fn ids(outcome: &policies::Outcome) -> Vec<String> {

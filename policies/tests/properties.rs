@@ -435,7 +435,11 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else {
                     Placement::cpus(mask.clone())
                 };
-                let has_cpus = if mask.is_empty() { w.cpus.clone() } else { mask };
+                let has_cpus = if mask.is_empty() {
+                    w.cpus.clone()
+                } else {
+                    mask
+                };
                 let (adj, updates) = n.container_started(&id, &claims, &has);
                 prop_assert!(updates.is_empty());
                 // Set only when it changes what the container has.

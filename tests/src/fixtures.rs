@@ -138,13 +138,20 @@ pub fn cri_pod(n: usize) -> PodSandbox {
     p.id = hex_id(seed);
     p.uid = pod_uid(seed);
     p.namespace = format!("team-{}", n % 7);
-    p.name = format!("web-{:08x}-{:05x}", seed.wrapping_mul(2_654_435_761) as u32, n);
+    p.name = format!(
+        "web-{:08x}-{:05x}",
+        seed.wrapping_mul(2_654_435_761) as u32,
+        n
+    );
     let slice_uid = p.uid.replace('-', "_");
     let labels = [
         ("app", format!("web-{}", n % 17)),
         ("app.kubernetes.io/name", format!("web-{}", n % 17)),
         ("app.kubernetes.io/part-of", "storefront".to_string()),
-        ("pod-template-hash", format!("{:08x}", seed.wrapping_mul(40_503) as u32)),
+        (
+            "pod-template-hash",
+            format!("{:08x}", seed.wrapping_mul(40_503) as u32),
+        ),
         ("io.kubernetes.pod.name", p.name.clone()),
         ("io.kubernetes.pod.namespace", p.namespace.clone()),
         ("io.kubernetes.pod.uid", p.uid.clone()),
@@ -153,7 +160,10 @@ pub fn cri_pod(n: usize) -> PodSandbox {
         p.labels.insert(k.into(), v);
     }
     let annotations = [
-        ("kubernetes.io/config.seen", "2025-11-20T08:14:03.512994871Z".to_string()),
+        (
+            "kubernetes.io/config.seen",
+            "2025-11-20T08:14:03.512994871Z".to_string(),
+        ),
         ("kubernetes.io/config.source", "api".to_string()),
         ("io.kubernetes.cri.container-type", "sandbox".to_string()),
         ("io.kubernetes.cri.sandbox-id", p.id.clone()),
@@ -177,15 +187,17 @@ pub fn cri_pod(n: usize) -> PodSandbox {
         p.annotations.insert(k.into(), v);
     }
     let mut linux = LinuxPodSandbox::new();
-    linux.cgroup_parent = format!(
-        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}.slice"
-    );
+    linux.cgroup_parent =
+        format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{slice_uid}.slice");
     linux.cgroups_path = format!(
         "kubepods-burstable-pod{slice_uid}.slice:cri-containerd:{}",
         p.id
     );
     linux.namespaces = vec![
-        namespace("network", format!("/var/run/netns/cni-{}", pod_uid(seed ^ 1))),
+        namespace(
+            "network",
+            format!("/var/run/netns/cni-{}", pod_uid(seed ^ 1)),
+        ),
         namespace("ipc", String::new()),
         namespace("uts", String::new()),
         namespace("pid", String::new()),
@@ -195,7 +207,12 @@ pub fn cri_pod(n: usize) -> PodSandbox {
     linux.resources = MessageField::some(cri_resources(None, None));
     p.linux = MessageField::some(linux);
     p.pid = 40_000 + n as u32;
-    p.ips = vec![format!("10.{}.{}.{}", 64 + n / 65_536, (n / 256) % 256, n % 256)];
+    p.ips = vec![format!(
+        "10.{}.{}.{}",
+        64 + n / 65_536,
+        (n / 256) % 256,
+        n % 256
+    )];
     p
 }
 
@@ -229,7 +246,10 @@ pub fn cri_container(
     }
     let image = format!("registry.example.com/storefront/web:1.{}.0", n % 40);
     let annotations = [
-        ("io.kubernetes.container.hash", format!("{:08x}", n as u32 ^ 0x5a5a)),
+        (
+            "io.kubernetes.container.hash",
+            format!("{:08x}", n as u32 ^ 0x5a5a),
+        ),
         ("io.kubernetes.container.restartCount", "0".to_string()),
         (
             "io.kubernetes.container.terminationMessagePath",
@@ -270,33 +290,94 @@ pub fn cri_container(
         "KUBERNETES_PORT_443_TCP_ADDR=10.96.0.1".into(),
     ];
     let kubelet = format!("/var/lib/kubelet/pods/{}", pod.uid);
-    let sandbox = format!("/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/{}", pod.id);
+    let sandbox = format!(
+        "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/{}",
+        pod.id
+    );
     c.mounts = vec![
-        mount("/proc", "proc", "proc".into(), &["nosuid", "noexec", "nodev"]),
-        mount("/dev", "tmpfs", "tmpfs".into(), &["nosuid", "strictatime", "mode=755", "size=65536k"]),
-        mount("/dev/pts", "devpts", "devpts".into(), &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]),
-        mount("/dev/mqueue", "mqueue", "mqueue".into(), &["nosuid", "noexec", "nodev"]),
-        mount("/sys", "sysfs", "sysfs".into(), &["nosuid", "noexec", "nodev", "ro"]),
-        mount("/sys/fs/cgroup", "cgroup", "cgroup".into(), &["nosuid", "noexec", "nodev", "relatime", "ro"]),
-        mount("/etc/hosts", "bind", format!("{kubelet}/etc-hosts"), &["rbind", "rprivate", "rw"]),
+        mount(
+            "/proc",
+            "proc",
+            "proc".into(),
+            &["nosuid", "noexec", "nodev"],
+        ),
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs".into(),
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts".into(),
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        ),
+        mount(
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue".into(),
+            &["nosuid", "noexec", "nodev"],
+        ),
+        mount(
+            "/sys",
+            "sysfs",
+            "sysfs".into(),
+            &["nosuid", "noexec", "nodev", "ro"],
+        ),
+        mount(
+            "/sys/fs/cgroup",
+            "cgroup",
+            "cgroup".into(),
+            &["nosuid", "noexec", "nodev", "relatime", "ro"],
+        ),
+        mount(
+            "/etc/hosts",
+            "bind",
+            format!("{kubelet}/etc-hosts"),
+            &["rbind", "rprivate", "rw"],
+        ),
         mount(
             "/dev/termination-log",
             "bind",
             format!("{kubelet}/containers/{}/{:08x}", c.name, n as u32),
             &["rbind", "rprivate", "rw"],
         ),
-        mount("/etc/hostname", "bind", format!("{sandbox}/hostname"), &["rbind", "rprivate", "rw"]),
-        mount("/etc/resolv.conf", "bind", format!("{sandbox}/resolv.conf"), &["rbind", "rprivate", "rw"]),
+        mount(
+            "/etc/hostname",
+            "bind",
+            format!("{sandbox}/hostname"),
+            &["rbind", "rprivate", "rw"],
+        ),
+        mount(
+            "/etc/resolv.conf",
+            "bind",
+            format!("{sandbox}/resolv.conf"),
+            &["rbind", "rprivate", "rw"],
+        ),
         mount(
             "/dev/shm",
             "bind",
-            format!("/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{}/shm", pod.id),
+            format!(
+                "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/{}/shm",
+                pod.id
+            ),
             &["rbind", "rprivate", "rw"],
         ),
         mount(
             "/var/run/secrets/kubernetes.io/serviceaccount",
             "bind",
-            format!("{kubelet}/volumes/kubernetes.io~projected/kube-api-access-{:05x}", n % 0xfffff),
+            format!(
+                "{kubelet}/volumes/kubernetes.io~projected/kube-api-access-{:05x}",
+                n % 0xfffff
+            ),
             &["rbind", "rprivate", "ro"],
         ),
     ];

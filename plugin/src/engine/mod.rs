@@ -630,7 +630,9 @@ impl Engine {
         claims: &[String],
         has: &policies::Placement,
     ) -> (Adjustment, Vec<ContainerUpdate>) {
-        self.state().node.container_started(container_id, claims, has)
+        self.state()
+            .node
+            .container_started(container_id, claims, has)
     }
 
     /// A container was removed: the claims that lived with it (annotation and
