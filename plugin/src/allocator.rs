@@ -68,7 +68,7 @@ mod tests {
         // Many small allocations below the mmap threshold, then all but the last freed: the
         // last keeps the heap's top in use, so only a trim of free pages inside can return them.
         let blocks: Vec<Vec<u8>> = (0..20_000).map(|i| vec![i as u8; 1_000]).collect();
-        let keep = vec![1u8; 100];
+        let keep = Box::new([1u8; 100]);
         drop(blocks);
         assert!(super::give_back_free_memory());
         assert_eq!(keep[0], 1);
