@@ -15,15 +15,13 @@
 mod proc_node;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fake_runtime::FakeRuntime;
 use nri_accel::claims_api::{
     ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, Family, Selector,
 };
-use proc_node::{DaemonProc, Layout};
+use proc_node::{DaemonProc, Layout, fill};
 
 const LAYOUT: Layout = Layout {
     exclusive: 0,
@@ -88,30 +86,6 @@ async fn prepare(c: &ClaimsClient, uid: &str) {
 async fn unprepare(c: &ClaimsClient, uid: &str) {
     let r = c.unprepare(vec![claim_ref(uid)]).await.unwrap();
     assert!(matches!(r.get(uid), Some(Ok(()))), "unprepare {uid}: {r:?}");
-}
-
-/// Prepares `held-<from..to>` with 64 concurrent clients; returns claims/s.
-async fn fill(socket: &std::path::Path, from: usize, to: usize) -> f64 {
-    let next = Arc::new(AtomicU64::new(from as u64));
-    let t = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let c = ClaimsClient::connect(socket).await.unwrap();
-        let next = next.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                if i >= to {
-                    break;
-                }
-                prepare(&c, &format!("held-{i}")).await;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (to - from) as f64 / t.elapsed().as_secs_f64()
 }
 
 async fn latency(c: &ClaimsClient, n: usize, tag: &str) -> Vec<Duration> {

@@ -27,15 +27,14 @@ mod proc_node;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::time::{Duration, Instant};
 
 use fake_runtime::fixtures::{cri_container, cri_node_state, cri_pod};
 use fake_runtime::{FakeRuntime, RuntimeConfig};
-use nri_accel::claims_api::{ClaimAsk, ClaimSpec, ClaimsClient, CountAsk, Family, Selector};
+use nri_accel::claims_api::{ClaimsClient, Family};
 use nri_proto::api::{Container, PodSandbox};
-use proc_node::{DaemonProc, Layout};
+use proc_node::{DaemonProc, Layout, count_spec, fill};
 
 /// 8 whole devices giving one accelerator-local CPU each (CPU management configured), and 56
 /// shared devices of 200 replicas (11,200 units: 10,000 claims fit and hold no CPU).
@@ -197,76 +196,12 @@ impl Node {
         let binary = std::env::var_os("SCALE_BENCH_DAEMON")
             .map(PathBuf::from)
             .unwrap_or_else(proc_node::binary);
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let err = out.try_clone().unwrap();
-        let child = Command::new(binary)
-            .arg("--config")
-            .arg(&self.config_path)
-            .arg("--log")
-            .arg("warn")
-            .arg("run")
-            .env_remove("NRI_PLUGIN_SOCKET")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("starting nri-accel");
-        let d = DaemonProc { child };
+        let d = DaemonProc::spawn_binary(&binary, &self.config_path, &self.log);
         let c = proc_node::wait_gate(&self.cfg.claims_api.socket, Duration::from_secs(300))
             .await
             .expect("gate");
         (d, c)
     }
-}
-
-fn shared_spec(uid: &str) -> ClaimSpec {
-    spec(uid, Family::Shared)
-}
-
-fn spec(uid: &str, family: Family) -> ClaimSpec {
-    ClaimSpec {
-        uid: uid.into(),
-        namespace: "bench".into(),
-        name: format!("{uid}-claim"),
-        ask: ClaimAsk::Count(vec![CountAsk {
-            request: "gpu".into(),
-            count: 1,
-            family,
-            selector: Selector::default(),
-            profile: None,
-            shares: None,
-        }]),
-    }
-}
-
-/// Prepares `held-<from..to>` (one shared unit each) with 64 concurrent clients.
-async fn fill(socket: &Path, from: usize, to: usize) -> f64 {
-    let next = Arc::new(AtomicU64::new(from as u64));
-    let t = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let c = ClaimsClient::connect(socket).await.unwrap();
-        let next = next.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                if i >= to {
-                    break;
-                }
-                let uid = format!("held-{i}");
-                let r = c.prepare(vec![shared_spec(&uid)]).await.unwrap();
-                assert!(matches!(r.get(&uid), Some(Ok(_))), "prepare {uid}: {r:?}");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (to - from) as f64 / t.elapsed().as_secs_f64()
 }
 
 /// How long the bench lets a plugin settle after a Synchronize before the next
@@ -291,6 +226,43 @@ async fn sync(rt: &FakeRuntime, apply: bool) -> (Duration, usize) {
     }
     tokio::time::sleep(settle()).await;
     (took, answer.len())
+}
+
+/// Synchronizes of the daemon and the no-op plugin, alternating.
+struct Series {
+    ours: Vec<Duration>,
+    theirs: Vec<Duration>,
+    /// Updates in each of the daemon's answers (the runtime applies each answer).
+    updates: Vec<usize>,
+}
+
+/// `syncs` Synchronizes from `rt` (the daemon's runtime, which applies the answers) and from
+/// `rt_noop`, alternating.
+async fn series(rt: &FakeRuntime, rt_noop: &FakeRuntime, syncs: usize) -> Series {
+    let mut s = Series {
+        ours: Vec::new(),
+        theirs: Vec::new(),
+        updates: Vec::new(),
+    };
+    for _ in 0..syncs {
+        let (t, u) = sync(rt, true).await;
+        s.ours.push(t);
+        s.updates.push(u);
+        s.theirs.push(sync(rt_noop, false).await.0);
+    }
+    s
+}
+
+impl Series {
+    fn print(&self) {
+        println!("   daemon          {}", spread(&self.ours));
+        println!("   no-op plugin    {}", spread(&self.theirs));
+        println!(
+            "   ratio of p50s {:.2}x; updates per daemon answer (the runtime applies each): {:?}",
+            p50(&self.ours).as_secs_f64() / p50(&self.theirs).as_secs_f64(),
+            self.updates
+        );
+    }
 }
 
 /// Waits until the daemon has no update left to push.
@@ -392,24 +364,12 @@ async fn sync_part(base: &Path, n: usize, syncs: usize) {
     let (d, c) = node.start().await;
     let noop = Noop::start(&rt_noop, &noop_socket).await;
     let chunks = rt.sync_chunks().last().copied().unwrap_or(0);
-    let (mut ours, mut theirs, mut updates) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..syncs {
-        let (t, u) = sync(&rt, true).await;
-        ours.push(t);
-        updates.push(u);
-        theirs.push(sync(&rt_noop, false).await.0);
-    }
+    let series_no_cpu = series(&rt, &rt_noop, syncs).await;
     println!(
         "3. Synchronize of {n} CRI containers ({chunks} chunks), CPU management configured, no CPU held (load {}):",
         load()
     );
-    println!("   daemon          {}", spread(&ours));
-    println!("   no-op plugin    {}", spread(&theirs));
-    println!(
-        "   ratio of p50s {:.2}x; updates per daemon answer: {:?}",
-        p50(&ours).as_secs_f64() / p50(&theirs).as_secs_f64(),
-        updates
-    );
+    series_no_cpu.print();
     println!(
         "   RSS after: daemon {}, no-op plugin {}",
         rss(d.pid()),
@@ -420,7 +380,10 @@ async fn sync_part(base: &Path, n: usize, syncs: usize) {
     // through UpdateContainers pushes, which the runtime applies.
     let pushes_before = rt.updates().len();
     for uid in ["cpu-a", "cpu-b"] {
-        let r = c.prepare(vec![spec(uid, Family::Exclusive)]).await.unwrap();
+        let r = c
+            .prepare(vec![count_spec(uid, Family::Exclusive)])
+            .await
+            .unwrap();
         if let Some(Err(why)) = r.get(uid) {
             // Each container update is pending in the checkpoint until pushed: with too many
             // containers in the shared pool the claim's commit is over the cap (a known limit,
@@ -448,24 +411,12 @@ async fn sync_part(base: &Path, n: usize, syncs: usize) {
             r.add_container(ctr.clone());
         }
     }
-    let (mut ours, mut theirs, mut updates) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..syncs {
-        let (t, u) = sync(&rt, true).await;
-        ours.push(t);
-        updates.push(u);
-        theirs.push(sync(&rt_noop, false).await.0);
-    }
+    let series_held = series(&rt, &rt_noop, syncs).await;
     println!(
         "   then 2 CPUs held ({} updates pushed, applied by the runtime), 1,000 new unpinned containers:",
         pushed_updates.len()
     );
-    println!("   daemon          {}", spread(&ours));
-    println!("   no-op plugin    {}", spread(&theirs));
-    println!(
-        "   ratio of p50s {:.2}x; updates per daemon answer (the runtime applies each answer): {:?}",
-        p50(&ours).as_secs_f64() / p50(&theirs).as_secs_f64(),
-        updates
-    );
+    series_held.print();
     drop(c);
     d.stop();
     drop(noop);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nri_accel::claims_api::ClaimsClient;
+use nri_accel::claims_api::{ClaimAsk, ClaimSpec, ClaimsClient, CountAsk, Family, Selector};
 use nri_accel::config::Config;
 use policies::{CpuSet, Device, DeviceSelector, FamilyConfig, PoolConfig};
 
@@ -120,13 +120,19 @@ pub struct DaemonProc {
 impl DaemonProc {
     /// Starts `nri-accel --config <config> run`, its log appended to `log`.
     pub fn spawn(config: &Path, log: &Path) -> DaemonProc {
+        Self::spawn_binary(&binary(), config, log)
+    }
+
+    /// Starts `<binary> --config <config> run` (another build, or a wrapper that execs one), its
+    /// log appended to `log`.
+    pub fn spawn_binary(binary: &Path, config: &Path, log: &Path) -> DaemonProc {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("opening the daemon log");
         let err = out.try_clone().expect("cloning the log fd");
-        let child = Command::new(binary())
+        let child = Command::new(binary)
             .arg("--config")
             .arg(config)
             .arg("--log")
@@ -219,4 +225,53 @@ impl Rng {
     pub fn chance(&mut self, p: u64) -> bool {
         self.below(100) < p
     }
+}
+
+/// A claim `uid` in namespace `bench` asking for one unit of `family`.
+pub fn count_spec(uid: &str, family: Family) -> ClaimSpec {
+    ClaimSpec {
+        uid: uid.into(),
+        namespace: "bench".into(),
+        name: format!("{uid}-claim"),
+        ask: ClaimAsk::Count(vec![CountAsk {
+            request: "gpu".into(),
+            count: 1,
+            family,
+            selector: Selector::default(),
+            profile: None,
+            shares: None,
+        }]),
+    }
+}
+
+/// Prepares `held-<from..to>` (one shared unit each) with 64 concurrent clients on the claims
+/// socket; returns prepared claims/s.
+pub async fn fill(socket: &Path, from: usize, to: usize) -> f64 {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let next = Arc::new(AtomicU64::new(from as u64));
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let c = ClaimsClient::connect(socket).await.unwrap();
+        let next = next.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= to {
+                    break;
+                }
+                let uid = format!("held-{i}");
+                let r = c
+                    .prepare(vec![count_spec(&uid, Family::Shared)])
+                    .await
+                    .unwrap();
+                assert!(matches!(r.get(&uid), Some(Ok(_))), "prepare {uid}: {r:?}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (to - from) as f64 / t.elapsed().as_secs_f64()
 }
