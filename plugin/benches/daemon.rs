@@ -21,7 +21,7 @@ use fake_runtime::FakeRuntime;
 use nri_accel::claims_api::{
     ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, CountAsk, Family, Selector,
 };
-use proc_node::{DaemonProc, Layout, fill};
+use proc_node::{DaemonProc, Layout, env_usize, fill, ms};
 
 const LAYOUT: Layout = Layout {
     exclusive: 0,
@@ -30,17 +30,6 @@ const LAYOUT: Layout = Layout {
     sliced: 0,
     cpus_per_device: 0,
 };
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 fn pct(mut v: Vec<Duration>) -> String {
     v.sort();

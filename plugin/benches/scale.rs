@@ -34,7 +34,7 @@ use fake_runtime::fixtures::{cri_container, cri_node_state, cri_pod};
 use fake_runtime::{FakeRuntime, RuntimeConfig};
 use nri_accel::claims_api::{ClaimsClient, Family};
 use nri_proto::api::{Container, PodSandbox};
-use proc_node::{DaemonProc, Layout, count_spec, fill};
+use proc_node::{DaemonProc, Layout, count_spec, env_usize, fill, ms};
 
 /// 8 whole devices giving one accelerator-local CPU each (CPU management configured), and 56
 /// shared devices of 200 replicas (11,200 units: 10,000 claims fit and hold no CPU).
@@ -49,17 +49,6 @@ const LAYOUT: Layout = Layout {
 /// Long enough that a loaded machine does not drop a plugin mid-benchmark; a real runtime gives
 /// Synchronize 2 s (the figures say how far below that each run was).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 fn mib(kib: Option<u64>) -> f64 {
     kib.unwrap_or(0) as f64 / 1024.0

@@ -275,3 +275,16 @@ pub async fn fill(socket: &Path, from: usize, to: usize) -> f64 {
     }
     (to - from) as f64 / t.elapsed().as_secs_f64()
 }
+
+/// The number in environment variable `name`, or `default` when unset or not a number.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `d` in milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
