@@ -44,6 +44,13 @@ pub trait Plugin: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// Called once the last request of a Synchronize (every page of it) has been freed, after
+    /// its answer is on the wire. It runs on the connection's task: keep it short and spawn
+    /// anything longer. A plugin that keeps little of a large Synchronize can give the memory
+    /// the decoded containers took back to the system here (glibc's `malloc_trim`; see
+    /// docs/nri-proto.md, "Allocator").
+    fn synchronize_freed(&self) {}
+
     /// The runtime is shutting the plugin down (sent to pre-launched plugins only).
     async fn shutdown(&self) {}
 

@@ -293,6 +293,12 @@ macro_rules! plugin_service {
                 fn $f(&self, req: &mut $req)
                     -> impl Future<Output = ttrpc::Result<$resp>> + Send;
             )*
+
+            /// What the server frees once the answer to a `method` request is written: the
+            /// decoded request, or a value that frees it and then does more.
+            fn spent(&self, _method: &'static str, req: Box<dyn Send>) -> Box<dyn Send> {
+                req
+            }
         }
 
         /// Decodes the request of `method` from `payload`, runs it on `service` and encodes the
@@ -318,7 +324,7 @@ macro_rules! plugin_service {
                         }),
                         Err(e) => Err(status_of(e)),
                     };
-                    (answer, Some(Box::new(req)))
+                    (answer, Some(service.spent($name, Box::new(req))))
                 })*
                 other => {
                     let why = format!("{SERVICE}/{other} is not served");

@@ -1,6 +1,7 @@
 //! The plugin-side service: adapts the server's requests to [`crate::Plugin`], reassembles paged
 //! Synchronize requests, limits the event mask and routes StateChange.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::api::*;
@@ -21,6 +22,9 @@ pub(crate) struct PluginService<P: Plugin> {
     pub(crate) plugin: Arc<P>,
     pub(crate) notify: Notifier,
     pages: Mutex<SyncPages>,
+    /// Set when the last page of a Synchronize has been handled; its request, freed by the
+    /// server after the answer, then tells the plugin ([`Plugin::synchronize_freed`]).
+    sync_done: AtomicBool,
 }
 
 impl<P: Plugin> PluginService<P> {
@@ -29,7 +33,21 @@ impl<P: Plugin> PluginService<P> {
             plugin,
             notify,
             pages: Mutex::new(SyncPages::default()),
+            sync_done: AtomicBool::new(false),
         }
+    }
+}
+
+/// The last Synchronize request, which calls [`Plugin::synchronize_freed`] once it is freed.
+struct FreedThenTell<P: Plugin> {
+    request: Option<Box<dyn Send>>,
+    plugin: Arc<P>,
+}
+
+impl<P: Plugin> Drop for FreedThenTell<P> {
+    fn drop(&mut self) {
+        drop(self.request.take());
+        self.plugin.synchronize_freed();
     }
 }
 
@@ -128,6 +146,7 @@ impl<P: Plugin> Rpc for PluginService<P> {
         let (n_pods, n_containers) = (pods.len(), containers.len());
         // Handed back to the request, which the server frees after the answer is written.
         (req.pods, req.containers) = (pods, containers);
+        self.sync_done.store(true, Ordering::Release);
         let update = lift(update)?;
         self.notify.send(StubEvent::Synchronized {
             pods: n_pods,
@@ -136,6 +155,16 @@ impl<P: Plugin> Rpc for PluginService<P> {
         let mut resp = SynchronizeResponse::new();
         resp.update = update;
         Ok(resp)
+    }
+
+    fn spent(&self, method: &'static str, req: Box<dyn Send>) -> Box<dyn Send> {
+        if method == "Synchronize" && self.sync_done.swap(false, Ordering::AcqRel) {
+            return Box::new(FreedThenTell {
+                request: Some(req),
+                plugin: self.plugin.clone(),
+            });
+        }
+        req
     }
 
     async fn shutdown(&self, _req: &mut Empty) -> R<Empty> {

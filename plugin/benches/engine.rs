@@ -238,7 +238,6 @@ async fn adoption(n: u32) -> (Duration, Duration) {
         AgentSettings {
             cdi_kind: "accel.nri.io/device".into(),
             annotation_prefix: "accel.nri.io".into(),
-            manage_shared_cpus: false,
         },
     );
     let views: Vec<ContainerView> = (0..n)

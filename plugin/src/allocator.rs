@@ -1,4 +1,5 @@
-//! The one allocator setting the daemon makes at startup.
+//! The allocator settings the daemon makes at startup, and the one call that gives freed
+//! memory back to the system after a large Synchronize.
 //!
 //! A Status document with 10,000 claims, a Synchronize of a few thousand containers or a
 //! checkpoint snapshot read at startup are buffers of megabytes that live for milliseconds. glibc
@@ -7,6 +8,12 @@
 //! freed: later buffers of that size then come from the heap, and the heap keeps their pages.
 //! Measured with the daemon bench (docs/performance.md): five Status calls with 10,000 claims
 //! left RSS 14 MiB higher with the threshold free to move, 0.3 MiB with it fixed.
+//!
+//! A Synchronize is the other way round: tens of megabytes of small allocations (a string per
+//! field, a map per label set of every container) that are all freed once it is answered. glibc
+//! keeps freed heap pages unless they are at the top of the heap, so the pages stay resident,
+//! spread over the heap of every thread that decoded or read them (docs/performance.md, "Memory
+//! per known container", has the heap profile). [`give_back_free_memory`] returns them.
 #![allow(unsafe_code)]
 
 /// The threshold the daemon fixes: glibc's own starting value.
@@ -28,11 +35,42 @@ pub fn return_large_buffers() -> bool {
     }
 }
 
+/// Gives the heap pages that hold no live allocation back to the system, in every arena
+/// (glibc's `malloc_trim(0)`): after a large Synchronize is freed, the resident memory drops to
+/// what the daemon keeps. Returns whether any memory was released (always `false` off glibc,
+/// where nothing is done). It walks the free lists of every arena under their locks: a few
+/// milliseconds after a Synchronize of 10,000 containers, so call it off the async workers.
+pub fn give_back_free_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `malloc_trim` takes each arena's own lock while it releases pages that hold
+        // no allocation (it never touches memory in use), so it is safe from any thread at any
+        // time; its argument is a plain integer (0: keep no extra padding at the heap's top).
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn the_threshold_is_accepted() {
         assert!(super::return_large_buffers());
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn freed_heap_pages_go_back_to_the_system() {
+        // Many small allocations below the mmap threshold, then all but the last freed: the
+        // last keeps the heap's top in use, so only a trim of free pages inside can return them.
+        let blocks: Vec<Vec<u8>> = (0..20_000).map(|i| vec![i as u8; 1_000]).collect();
+        let keep = Box::new([1u8; 100]);
+        drop(blocks);
+        assert!(super::give_back_free_memory());
+        assert_eq!(keep[0], 1);
     }
 }

@@ -16,7 +16,6 @@ fn agent(d: &Dirs, cpus_per_device: u32) -> Agent {
         AgentSettings {
             cdi_kind: "accel.nri.io/device".into(),
             annotation_prefix: "accel.nri.io".into(),
-            manage_shared_cpus: cpus_per_device > 0,
         },
     )
 }
@@ -34,7 +33,7 @@ fn view(id: &str, name: &str, annotations: &[(&str, &str)], nodes: &[(u32, u32)]
             .collect::<BTreeMap<_, _>>(),
         cdi_devices: Vec::new(),
         device_nodes: nodes.to_vec(),
-        cpus: None,
+        placement: policies::Placement::unpinned(),
     }
 }
 
@@ -193,7 +192,6 @@ fn mixed_agent(d: &Dirs) -> Agent {
         AgentSettings {
             cdi_kind: "accel.nri.io/device".into(),
             annotation_prefix: "accel.nri.io".into(),
-            manage_shared_cpus: false,
         },
     )
 }
@@ -319,7 +317,9 @@ async fn k_containers_on_a_shared_device_each_hold_a_share() {
 async fn the_claims_of_containers_gone_while_away_are_released_after_the_answer() {
     let d = dirs();
     let agent = agent(&d, 2);
-    agent.engine().container_started("bystander", &[]);
+    agent
+        .engine()
+        .container_started("bystander", &[], &policies::Placement::unpinned());
     let ann = view(
         "c-ann",
         "app",

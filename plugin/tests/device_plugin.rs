@@ -134,7 +134,6 @@ async fn setup(grace: u64) -> Setup {
         AgentSettings {
             cdi_kind: KIND.into(),
             annotation_prefix: "accel.nri.io".into(),
-            manage_shared_cpus: true,
         },
     );
     let (monitor, health) = HealthMonitor::fixed(HealthReport::all_healthy(&inv));

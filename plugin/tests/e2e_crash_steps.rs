@@ -196,13 +196,23 @@ async fn crash_in_release(step: &str, at_sync: bool) {
         &[("accel.nri.io/container.app", "count=1,family=exclusive")],
     );
     let c = container("c-trainer", &p, "app", &[]);
+    let mut told = Vec::new();
     for (pd, ct) in [(&pb, &b), (&p, &c)] {
         fake.add_pod(pd.clone());
-        fake.create_container(pd, ct).await.expect("create");
+        let created = fake.create_container(pd, ct).await.expect("create");
+        told.extend(created.update.iter().cloned());
         fake.add_container(ct.clone());
     }
     assert_eq!(node.spec_uids().len(), 1);
     first.kill9().await;
+    // The runtime wrote what it was told to the cgroups: it reports the bystander without the
+    // trainer's CPUs from now on (an update only goes where a cpuset changes).
+    told.extend(fake.updates().iter().flat_map(|r| r.update.iter().cloned()));
+    assert!(
+        told.iter().any(|u| u.container_id == "c-bystander"),
+        "the bystander gave the trainer's CPUs up: {told:?}"
+    );
+    fake.apply_updates(&told);
 
     if at_sync {
         // The container goes while nri-accel is away.

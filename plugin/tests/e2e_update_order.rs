@@ -51,7 +51,7 @@ async fn overlapping_pushes_leave_the_runtime_with_the_newest_cpuset() {
     let d = dirs();
     let (engine, _) = open_with(&d, 4, 1, None).unwrap();
     let engine = Arc::new(engine);
-    engine.container_started("ctr-shared", &[]);
+    engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
     let sink = Arc::new(HeldSink::default());
     engine.set_update_sink(Some(sink.clone()));
 

@@ -217,7 +217,7 @@ async fn failed_update_pushes_stay_pending_and_reach_the_runtime_later() {
     let d = dirs();
     let (engine, _) = open_with(&d, 4, 2, None).unwrap();
     // A container in the shared CPU pool: granting CPUs to a claim shrinks its cpuset.
-    let (_adj, _) = engine.container_started("ctr-shared", &[]);
+    let (_adj, _) = engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
     let sink = Arc::new(FlakySink::default());
     *sink.failing.lock().unwrap() = true;
     engine.set_update_sink(Some(sink.clone()));
@@ -251,7 +251,7 @@ async fn pending_updates_survive_a_restart() {
     let d = dirs();
     {
         let (engine, _) = open_with(&d, 4, 2, None).unwrap();
-        engine.container_started("ctr-shared", &[]);
+        engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
         engine
             .prepare(claim_for("cpu-claim", "gpu0"))
             .await
@@ -275,7 +275,7 @@ async fn work_inside_an_nri_handler_pushes_nothing_on_any_path() {
     use nri_accel::engine::in_nri_handler;
     let d = dirs();
     let (engine, _) = open_with(&d, 4, 2, None).unwrap();
-    engine.container_started("ctr-shared", &[]);
+    engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
     let sink = Arc::new(FlakySink::default());
     engine.set_update_sink(Some(sink.clone()));
     let origin = nri_accel::engine::Origin::Annotation {
@@ -324,8 +324,8 @@ async fn work_inside_an_nri_handler_pushes_nothing_on_any_path() {
 async fn a_removed_containers_pending_update_is_dropped() {
     let d = dirs();
     let (engine, _) = open_with(&d, 4, 2, None).unwrap();
-    engine.container_started("ctr-shared", &[]);
-    engine.container_started("ctr-other", &[]);
+    engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
+    engine.container_started("ctr-other", &[], &policies::Placement::unpinned());
     // No sink: the updates the claim made stay pending.
     engine
         .prepare(claim_for("cpu-claim", "gpu0"))

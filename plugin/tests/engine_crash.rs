@@ -54,7 +54,7 @@ async fn crash_at_every_prepare_step_then_restart_and_retry() {
         let d = dirs();
         {
             let (engine, _) = open_with(&d, 2, 1, Some(die_at(step))).unwrap();
-            engine.container_started("ctr-shared", &[]);
+            engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
             let err = engine
                 .prepare(claim_for("victim", "gpu0"))
                 .await
@@ -106,7 +106,7 @@ async fn crash_at_every_unprepare_step_then_restart_and_retry() {
         }
         {
             let (engine, _) = open_with(&d, 2, 1, Some(die_at(step))).unwrap();
-            engine.container_started("ctr-shared", &[]);
+            engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
             let err = engine.unprepare("victim").await.unwrap_err();
             assert!(
                 matches!(err, EngineError::Crashed(p) if p == step),
@@ -129,7 +129,6 @@ fn agent_over(engine: nri_accel::engine::Engine) -> nri_accel::daemon::Agent {
         nri_accel::daemon::AgentSettings {
             cdi_kind: "accel.nri.io/device".into(),
             annotation_prefix: "accel.nri.io".into(),
-            manage_shared_cpus: true,
         },
     )
 }
@@ -160,11 +159,12 @@ async fn crash_at_every_step_of_a_release_by_the_nri_side_then_restart_and_synch
     for at_sync in [false, true] {
         for step in UNPREPARE_STEPS {
             let d = dirs();
+            let mut bystander = view("bystander", &[]);
             {
                 let (engine, _) = open_with(&d, 2, 1, None).unwrap();
                 let agent = agent_over(engine);
                 agent
-                    .create_container(&view("bystander", &[]), Injection::Cdi)
+                    .create_container(&bystander, Injection::Cdi)
                     .await
                     .unwrap();
                 let (_, updates) = agent
@@ -172,18 +172,20 @@ async fn crash_at_every_step_of_a_release_by_the_nri_side_then_restart_and_synch
                     .await
                     .unwrap();
                 assert_eq!(updates.len(), 1, "the bystander gives a CPU up");
+                // The runtime applies it: the bystander is reported there from now on.
+                bystander.placement = policies::Placement::cpus(updates[0].cpus.clone());
             }
             {
                 let (engine, _) = open_with(&d, 2, 1, Some(die_at(step))).unwrap();
                 let agent = agent_over(engine);
                 let err = if at_sync {
                     // The container went while nri-accel was away.
-                    let synced = agent.synchronize(&[view("bystander", &[])]).await;
+                    let synced = agent.synchronize(std::slice::from_ref(&bystander)).await;
                     assert_eq!(synced.gone, vec!["c-ann".to_string()]);
                     in_nri_handler(agent.remove_container("c-ann")).await
                 } else {
                     agent
-                        .synchronize(&[view("bystander", &[]), view("c-ann", &[])])
+                        .synchronize(&[bystander.clone(), view("c-ann", &[])])
                         .await;
                     in_nri_handler(agent.remove_container("c-ann")).await
                 };
@@ -192,7 +194,7 @@ async fn crash_at_every_step_of_a_release_by_the_nri_side_then_restart_and_synch
             }
             let (engine, _) = open_with(&d, 2, 1, None).unwrap();
             let agent = agent_over(engine);
-            let synced = agent.synchronize(&[view("bystander", &[])]).await;
+            let synced = agent.synchronize(std::slice::from_ref(&bystander)).await;
             agent.release_gone(&synced.gone).await;
             let engine = agent.engine();
             assert_consistent(&d, engine);

@@ -23,7 +23,7 @@ fn fail_append(n: usize) -> nri_accel::checkpoint::FaultHook {
 /// a container update.
 async fn setup(d: &Dirs) -> nri_accel::engine::Engine {
     let (engine, _) = open_with(d, 2, 2, None).unwrap();
-    engine.container_started("ctr-shared", &[]);
+    engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
     let sink = Arc::new(FlakySink::default());
     *sink.failing.lock().unwrap() = true;
     engine.set_update_sink(Some(sink));
@@ -58,7 +58,7 @@ async fn a_failed_release_commit_changes_nothing_durable_and_stops_later_commits
     assert_eq!(held, vec!["victim"], "the durable state: still held");
     assert_eq!(engine.checkpoint().pending(), pending_before);
     // The retry releases it, with its update, in one commit.
-    engine.container_started("ctr-shared", &[]);
+    engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
     let commits = engine.checkpoint().stats().commits;
     engine.unprepare("victim").await.unwrap();
     assert_eq!(engine.checkpoint().stats().commits, commits + 1);

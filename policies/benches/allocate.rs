@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use policies::{
     Ask, ClaimRequest, CountRequest, CpuSet, Device, DeviceSelector, FamilyConfig, FamilyKind,
-    Inventory, NamedResult, Node, PoolConfig, ProfileConfig, Registry,
+    Inventory, NamedResult, Node, Placement, PoolConfig, ProfileConfig, Registry,
 };
 
 fn device(i: u32) -> Device {
@@ -165,10 +165,14 @@ fn main() {
     // takes or gives back accelerator-local CPUs (the exclusive kind here).
     let uids: Vec<String> = node.allocations().map(|a| a.claim_uid.clone()).collect();
     for (i, uid) in uids.iter().enumerate() {
-        node.container_started(&format!("ctr-{i}"), std::slice::from_ref(uid));
+        node.container_started(
+            &format!("ctr-{i}"),
+            std::slice::from_ref(uid),
+            &Placement::unpinned(),
+        );
     }
     for i in 0..50 {
-        node.container_started(&format!("idle-{i}"), &[]);
+        node.container_started(&format!("idle-{i}"), &[], &Placement::unpinned());
     }
     report(
         &format!("{live} live claims, 1,050 containers, kinds that move no CPU"),

@@ -3,7 +3,7 @@
 //! and give back accelerator-local CPUs.
 
 use crate::node::{Container, Node};
-use crate::{Adjustment, ClaimUid, ContainerUpdate, CpuSet};
+use crate::{Adjustment, ClaimUid, ContainerUpdate, CpuSet, Placement};
 
 /// Env keys whose values are merged by taking the smallest (a limit).
 const MIN_KEYS: [&str; 2] = [
@@ -14,16 +14,20 @@ const MIN_KEYS: [&str; 2] = [
 const MPS_MEM: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 
 impl Node {
-    /// Records a starting container and the claims it uses, and answers its
-    /// adjustment: cpuset = the claims' exclusive CPUs if any, else the shared
-    /// pool ∩ the devices' local CPUs if that is non-empty, else the shared
-    /// pool; mems = the NUMA nodes of those CPUs (none when the node's NUMA
-    /// layout is unknown); env = the share and slice limits of its grants.
-    /// A container with no claims joins the shared pool.
+    /// Records a starting (or running) container, the claims it uses and where it runs now
+    /// (`has`), and answers its adjustment: cpuset = the claims' exclusive CPUs if any, else
+    /// the shared pool ∩ the devices' local CPUs if that is non-empty, else the shared pool;
+    /// mems = the NUMA nodes of those CPUs (none when the node's NUMA layout is unknown); env =
+    /// the share and slice limits of its grants. A container with no claims joins the shared
+    /// pool. The adjustment sets the cpuset and mems only where they differ from what the
+    /// container has, and only for a container whose CPUs the node manages (one with claims,
+    /// or any container once a pool gives accelerator-local CPUs); the node then counts the
+    /// container as running where it placed it, and an unmanaged one where it runs.
     pub fn container_started(
         &mut self,
         container_id: &str,
         claims: &[ClaimUid],
+        has: &Placement,
     ) -> (Adjustment, Vec<ContainerUpdate>) {
         self.forget_container(container_id);
         for uid in claims {
@@ -36,17 +40,45 @@ impl Node {
             claims: claims.to_vec(),
             ..Container::default()
         };
-        let (cpus, mems) = self.desired(&c);
-        c.cpus = cpus.clone();
-        c.mems = mems.clone();
-        self.containers.insert(container_id.to_string(), c);
-        let adjustment = Adjustment {
+        let has_cpus = has
+            .cpus
+            .clone()
+            .unwrap_or_else(|| self.inventory.cpus.clone());
+        let has_mems = has.mems.clone().unwrap_or_else(|| self.numa_nodes());
+        let mut adjustment = Adjustment {
             env: self.container_env(claims),
-            cpus: Some(cpus),
-            mems: (!mems.is_empty()).then_some(mems),
+            cpus: None,
+            mems: None,
         };
+        if self.manages_cpus_of(claims) {
+            let (cpus, mems) = self.desired(&c);
+            if cpus != has_cpus {
+                adjustment.cpus = Some(cpus.clone());
+            }
+            if !mems.is_empty() && mems != has_mems {
+                adjustment.mems = Some(mems.clone());
+            }
+            c.cpus = cpus;
+            c.mems = if mems.is_empty() { has_mems } else { mems };
+        } else {
+            c.cpus = has_cpus;
+            c.mems = has_mems;
+        }
+        self.containers.insert(container_id.to_string(), c);
         // The shared pool did not move: no other container changes.
         (adjustment, Vec::new())
+    }
+
+    /// Whether the node manages the cpuset of a container using `claims`: always when it has
+    /// claims (they place it near its devices), and for every container once a pool gives
+    /// accelerator-local CPUs (the shared pool then moves as claims take and return them).
+    fn manages_cpus_of(&self, claims: &[ClaimUid]) -> bool {
+        !claims.is_empty() || self.pools.iter().any(|p| p.config.cpus_per_device > 0)
+    }
+
+    /// Every NUMA node the node knows of (what an unpinned container may use).
+    fn numa_nodes(&self) -> CpuSet {
+        self.numa_cpus.keys().copied().collect()
     }
 
     /// Forgets a container. Its claims keep their CPUs until released, so
@@ -128,14 +160,21 @@ impl Node {
         self.refresh(ids)
     }
 
+    /// Answers an update for each of `ids` whose cpuset or mems (where the node's NUMA layout
+    /// is known) differ from what it was last given, and records the new ones. Containers whose
+    /// CPUs the node does not manage are left where they run.
     fn refresh(&mut self, ids: Vec<String>) -> Vec<ContainerUpdate> {
         let mut updates = Vec::new();
         for id in ids {
             let Some(c) = self.containers.get(&id) else {
                 continue;
             };
+            if !self.manages_cpus_of(&c.claims) {
+                continue;
+            }
             let (cpus, mems) = self.desired(c);
-            if cpus != c.cpus || mems != c.mems {
+            let mems_move = !mems.is_empty() && mems != c.mems;
+            if cpus != c.cpus || mems_move {
                 updates.push(ContainerUpdate {
                     container_id: id.clone(),
                     cpus: cpus.clone(),
@@ -143,7 +182,9 @@ impl Node {
                 });
                 if let Some(c) = self.containers.get_mut(&id) {
                     c.cpus = cpus;
-                    c.mems = mems;
+                    if !mems.is_empty() {
+                        c.mems = mems;
+                    }
                 }
             }
         }

@@ -4,6 +4,12 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use smallvec::SmallVec;
+
+/// The words a set keeps inline: CPUs 0-255, which covers most nodes, take no allocation. A
+/// node keeps two sets per known container (its cpuset and memory nodes); allocated, they were
+/// tens of thousands of small blocks that pinned heap pages after a large Synchronize.
+type Words = SmallVec<[u64; 4]>;
 
 /// Largest CPU id accepted when parsing, so a hostile or broken list such as
 /// `0-4294967295` cannot make the parser allocate without bound.
@@ -19,7 +25,7 @@ pub const MAX_CPU_ID: u32 = 16_383;
 pub struct CpuSet {
     /// Bit `i % 64` of word `i / 64` is CPU `i`; no trailing zero words, so
     /// equal sets have equal representations.
-    words: Vec<u64>,
+    words: Words,
 }
 
 /// A CPU list that could not be parsed; names the offending text.
@@ -40,7 +46,7 @@ impl CpuSet {
         Self::default()
     }
 
-    fn trimmed(mut words: Vec<u64>) -> Self {
+    fn trimmed(mut words: Words) -> Self {
         while words.last() == Some(&0) {
             words.pop();
         }

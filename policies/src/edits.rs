@@ -46,13 +46,17 @@ pub struct Hook {
 }
 
 /// The adjustment for a starting container: limit env and NUMA-aligned cpuset/mems.
+///
+/// `cpus` and `mems` are set only where they change what the container has (its
+/// [`Placement`]): a runtime fails a creation when two plugins set the same field, and a
+/// container that already runs where it should needs no cgroup write.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Adjustment {
     /// Environment variables to add.
     pub env: Vec<(String, String)>,
-    /// Cpuset to set, if any.
+    /// Cpuset to set, if it changes.
     pub cpus: Option<CpuSet>,
-    /// Memory nodes to set, if any.
+    /// Memory nodes to set, if they change.
     pub mems: Option<CpuSet>,
 }
 
@@ -61,8 +65,35 @@ pub struct Adjustment {
 pub struct ContainerUpdate {
     /// The container to update.
     pub container_id: String,
-    /// Its new cpuset.
+    /// Its new cpuset; empty when it does not change (leave as is).
     pub cpus: CpuSet,
-    /// Its new memory nodes; empty when the node's NUMA layout is unknown (leave as is).
+    /// Its new memory nodes; empty when they do not change or the node's NUMA layout is
+    /// unknown (leave as is).
     pub mems: CpuSet,
+}
+
+/// Where a container runs, as the runtime reports it: its cpuset and memory nodes. `None` is
+/// what a runtime reports for a container it did not pin, which runs on every online CPU and
+/// may use every NUMA node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The container's cpuset; `None`: every online CPU.
+    pub cpus: Option<CpuSet>,
+    /// The container's memory nodes; `None`: every NUMA node.
+    pub mems: Option<CpuSet>,
+}
+
+impl Placement {
+    /// A container the runtime did not pin: every online CPU, every NUMA node.
+    pub fn unpinned() -> Placement {
+        Placement::default()
+    }
+
+    /// A container pinned to `cpus` (memory nodes not reported).
+    pub fn cpus(cpus: CpuSet) -> Placement {
+        Placement {
+            cpus: Some(cpus),
+            mems: None,
+        }
+    }
 }

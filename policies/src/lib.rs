@@ -34,7 +34,7 @@ pub use claim::{
 };
 pub use cpuset::{CpuSet, CpuSetParseError, MAX_CPU_ID};
 pub use device::{Device, DeviceNode, Inventory, NodeKind};
-pub use edits::{Adjustment, ContainerEdits, ContainerUpdate, Hook, Mount};
+pub use edits::{Adjustment, ContainerEdits, ContainerUpdate, Hook, Mount, Placement};
 pub use exclusive::exclusive;
 pub use node::Node;
 pub use policy::{

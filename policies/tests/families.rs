@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use policies::{
-    CountRequest, DeviceSelector, FamilyConfig, FamilyKind, PublishedKind, RefusalReason, Unit,
+    CountRequest, DeviceSelector, FamilyConfig, FamilyKind, Placement, PublishedKind,
+    RefusalReason, Unit,
 };
 
 fn ids(outcome: &policies::Outcome) -> Vec<String> {
@@ -270,15 +271,16 @@ fn local_cpus_move_between_claims_and_the_shared_pool() {
         "0-7",
         &[pool("gpus", &[], FamilyConfig::Exclusive, 2)],
     );
-    let (adj, _) = n.container_started("idle", &[]);
-    assert_eq!(adj.cpus, Some(cpus("0-7")));
+    // Unpinned, it already runs on every CPU: nothing to set.
+    let (adj, _) = n.container_started("idle", &[], &Placement::unpinned());
+    assert_eq!((adj.cpus, adj.mems), (None, None));
     let out = n.allocate(&named("a", &[("gpus", "gpus-g2")])).unwrap();
     assert_eq!(out.allocation.cpus, cpus("4-5"));
     assert_eq!(out.updates.len(), 1);
     assert_eq!(out.updates[0].container_id, "idle");
     assert_eq!(out.updates[0].cpus, cpus("0-3,6-7"));
     assert_eq!(n.shared_cpus(), cpus("0-3,6-7"));
-    let (adj, updates) = n.container_started("worker", &["a".to_string()]);
+    let (adj, updates) = n.container_started("worker", &["a".to_string()], &Placement::unpinned());
     assert!(updates.is_empty());
     assert_eq!(adj.cpus, Some(cpus("4-5")));
     assert_eq!(adj.mems, Some(cpus("1")));
@@ -293,7 +295,7 @@ fn local_cpus_move_between_claims_and_the_shared_pool() {
 fn shared_claims_without_exclusive_cpus_get_device_local_shared_cpus() {
     let mut n = node(four_gpus(), "0-7", &[pool("mps", &[], shared(4, 0, 10), 0)]);
     n.allocate(&named("a", &[("mps", "mps-g3")])).unwrap();
-    let (adj, _) = n.container_started("c", &["a".to_string()]);
+    let (adj, _) = n.container_started("c", &["a".to_string()], &Placement::unpinned());
     assert_eq!(adj.cpus, Some(cpus("4-7")));
     assert_eq!(adj.mems, Some(cpus("1")));
     assert_eq!(

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 use common::*;
 use policies::{
     Allocation, Ask, Candidate, ClaimRequest, CountRequest, CpuSet, Device, DeviceSelector,
-    FamilyConfig, FamilyKind, Inventory, NamedResult, Node, PoolConfig, PoolUsage, Registry,
-    Snapshot, Unit, UnitResult,
+    FamilyConfig, FamilyKind, Inventory, NamedResult, Node, Placement, PoolConfig, PoolUsage,
+    Registry, Snapshot, Unit, UnitResult,
 };
 use proptest::prelude::*;
 
@@ -87,6 +87,8 @@ enum Op {
     Started {
         container: u8,
         claims: Vec<u8>,
+        /// The CPUs the runtime reports for it, as a bitmask; 0: not pinned.
+        pinned: u8,
     },
     Removed {
         container: u8,
@@ -111,8 +113,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(uid, reqs)| Op::Count { uid, reqs }),
         3 => (0u8..13).prop_map(|uid| Op::Release { uid }),
         1 => Just(Op::Restore),
-        1 => (0u8..4, prop::collection::vec(0u8..10, 0..=2))
-            .prop_map(|(container, claims)| Op::Started { container, claims }),
+        1 => (0u8..4, prop::collection::vec(0u8..10, 0..=2), prop_oneof![Just(0u8), any::<u8>()])
+            .prop_map(|(container, claims, pinned)| Op::Started { container, claims, pinned }),
         1 => (0u8..4).prop_map(|container| Op::Removed { container }),
         1 => (0u8..3, 0usize..16).prop_map(|(uid, device)| Op::Adopt { uid, device }),
         2 => (0u8..10, prop::collection::vec(0usize..1000, 1..=3), 0u8..4)
@@ -293,8 +295,9 @@ fn check(w: &World, n: &Node, model: &BTreeMap<String, CpuSet>) -> Result<(), Te
         .map(|(id, _, c)| (id.to_string(), c.clone()))
         .collect();
     prop_assert_eq!(&actual, model);
+    let managed = w.pools.iter().any(|p| p.cpus_per_device > 0);
     for (id, claims, c) in n.containers() {
-        if claims.iter().all(|u| n.allocation(u).is_none()) {
+        if (managed || !claims.is_empty()) && claims.iter().all(|u| n.allocation(u).is_none()) {
             prop_assert_eq!(c, &n.shared_cpus(), "container {} without claims", id);
         }
     }
@@ -427,26 +430,51 @@ fn run(w: World, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 fresh.restore(&records).unwrap();
                 prop_assert_eq!(fresh.snapshot(), n.snapshot());
                 // The runtime tells the new process about running containers again.
-                let mut fresh_model = BTreeMap::new();
+                // Each where the old node put it: nothing changes.
                 for (c, claims) in &containers {
-                    let (adj, updates) = fresh.container_started(c, claims);
+                    let has = Placement::cpus(model[c].clone());
+                    let (adj, updates) = fresh.container_started(c, claims, &has);
                     prop_assert!(updates.is_empty());
-                    fresh_model.insert(c.clone(), adj.cpus.unwrap());
+                    prop_assert_eq!(adj.cpus, None, "container {} moved on restore", c);
                 }
+                let fresh_model: BTreeMap<String, CpuSet> = fresh
+                    .containers()
+                    .map(|(id, _, c)| (id.to_string(), c.clone()))
+                    .collect();
                 prop_assert_eq!(&fresh_model, &model);
                 n = fresh;
             }
-            Op::Started { container, claims } => {
+            Op::Started {
+                container,
+                claims,
+                pinned,
+            } => {
                 let id = format!("ctr{container}");
                 let claims: Vec<String> = claims.into_iter().map(uid).collect();
-                let (adj, updates) = n.container_started(&id, &claims);
+                let mask: CpuSet = w.cpus.iter().filter(|c| pinned & (1 << c) != 0).collect();
+                let has = if mask.is_empty() {
+                    Placement::unpinned()
+                } else {
+                    Placement::cpus(mask.clone())
+                };
+                let has_cpus = if mask.is_empty() {
+                    w.cpus.clone()
+                } else {
+                    mask
+                };
+                let (adj, updates) = n.container_started(&id, &claims, &has);
                 prop_assert!(updates.is_empty());
-                let cpus = adj.cpus.unwrap();
+                // Set only when it changes what the container has.
+                prop_assert!(adj.cpus.as_ref() != Some(&has_cpus));
+                let cpus = adj.cpus.unwrap_or(has_cpus);
+                let managed = !claims.is_empty() || w.pools.iter().any(|p| p.cpus_per_device > 0);
                 let exclusive = claims
                     .iter()
                     .filter_map(|c| n.allocation(c))
                     .fold(CpuSet::new(), |acc, a| acc.union(&a.cpus));
-                if !exclusive.is_empty() {
+                if !managed {
+                    // Left where the runtime put it.
+                } else if !exclusive.is_empty() {
                     prop_assert_eq!(&cpus, &exclusive);
                 } else {
                     prop_assert!(cpus.is_subset(&n.shared_cpus()) && !cpus.is_empty());

@@ -301,6 +301,41 @@ impl FakeRuntime {
         st.containers.retain(|c| c.pod_sandbox_id != id);
     }
 
+    /// Applies container updates to the containers the runtime reports, as a runtime does once
+    /// it has written them to the cgroups: a non-empty cpuset or memory-node list replaces the
+    /// container's, an empty one leaves it as is. Containers it does not know are skipped.
+    pub fn apply_updates(&self, updates: &[ContainerUpdate]) {
+        let mut st = self.state();
+        let index: HashMap<String, usize> = st
+            .containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id.clone(), i))
+            .collect();
+        for u in updates {
+            let Some(&i) = index.get(&u.container_id) else {
+                continue;
+            };
+            let Some(cpu) = u.linux.as_ref().and_then(|l| l.resources.cpu.as_ref()) else {
+                continue;
+            };
+            let c = &mut st.containers[i];
+            let has = c
+                .linux
+                .mut_or_insert_default()
+                .resources
+                .mut_or_insert_default()
+                .cpu
+                .mut_or_insert_default();
+            if !cpu.cpus.is_empty() {
+                has.cpus = cpu.cpus.clone();
+            }
+            if !cpu.mems.is_empty() {
+                has.mems = cpu.mems.clone();
+            }
+        }
+    }
+
     /// The containers the next Synchronize will send.
     pub fn containers(&self) -> Vec<Container> {
         self.state().containers.clone()

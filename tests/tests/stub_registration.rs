@@ -138,7 +138,23 @@ async fn synchronize_of_10000_containers_is_paged_with_updates_on_the_last_chunk
     assert_eq!(plugin.seen().syncs, vec![(2_501, 10_000)]);
     assert_eq!(rt.sync_updates().len(), 1);
     assert_eq!(rt.sync_updates()[0].container_id, "ctr-009999");
+    // Told once the whole Synchronize was freed, once per Synchronize (not per page).
+    wait_until(|| plugin.seen().syncs_freed == 1).await;
+    rt.resynchronize().await.unwrap();
+    wait_until(|| plugin.seen().syncs_freed == 2).await;
+    assert_eq!(plugin.seen().syncs.len(), 2);
     stub.close();
+}
+
+/// Polls `done` until it holds (a hang guard, not a timing assertion).
+async fn wait_until(done: impl Fn() -> bool) {
+    tokio::time::timeout(HANG_GUARD, async {
+        while !done() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("waited too long");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

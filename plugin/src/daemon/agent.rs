@@ -62,9 +62,6 @@ pub struct AgentSettings {
     pub cdi_kind: String,
     /// Prefix of the annotation path's keys.
     pub annotation_prefix: String,
-    /// Whether any pool gives accelerator-local CPUs: only then are the cpusets of
-    /// containers without claims managed (otherwise they are left as the runtime set them).
-    pub manage_shared_cpus: bool,
 }
 
 /// A part of the status document a service adds (the device plugins' resources), computed
@@ -153,6 +150,12 @@ impl Agent {
 
     fn containers(&self) -> MutexGuard<'_, ContainerMap> {
         self.containers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The prefix of the annotation path's keys: a container's view carries only the pod
+    /// annotations under it.
+    pub fn annotation_prefix(&self) -> &str {
+        &self.settings.annotation_prefix
     }
 
     /// Whether creating `c` may prepare a claim (its pod carries annotations of our prefix): the
@@ -306,19 +309,19 @@ impl Agent {
         for c in views {
             let claims = self.claims_of(c, owners.by_container.get(&c.id).unwrap_or(&none));
             let claim_list: Vec<String> = claims.iter().cloned().collect();
-            let (adjustment, _) = self.engine.container_started(&c.id, &claim_list);
+            let (adjustment, _) = self
+                .engine
+                .container_started(&c.id, &claim_list, &c.placement);
             self.device_plugin_used(c, &claim_list).await;
-            let managed = self.settings.manage_shared_cpus || !claims.is_empty();
             self.containers().set(&c.id, claims);
-            if let Some(cpus) = adjustment.cpus.filter(|_| managed) {
-                let current: Option<CpuSet> = c.cpus.as_deref().and_then(|s| s.parse().ok());
-                if current.as_ref() != Some(&cpus) {
-                    updates.push(ContainerUpdate {
-                        container_id: c.id.clone(),
-                        cpus,
-                        mems: adjustment.mems.unwrap_or_default(),
-                    });
-                }
+            // The adjustment holds only what changes: a container already where it belongs
+            // gets no update (every update is a cgroup write in the runtime).
+            if adjustment.cpus.is_some() || adjustment.mems.is_some() {
+                updates.push(ContainerUpdate {
+                    container_id: c.id.clone(),
+                    cpus: adjustment.cpus.unwrap_or_default(),
+                    mems: adjustment.mems.unwrap_or_default(),
+                });
             }
         }
         // Synchronize recomputed every cpuset: older pending updates are superseded.
@@ -422,10 +425,11 @@ impl Agent {
             .collect();
         let claims = self.claims_of(c, &owned);
         let claim_list: Vec<String> = claims.iter().cloned().collect();
-        let (adjustment, more) = self.engine.container_started(&c.id, &claim_list);
+        let (adjustment, more) = self
+            .engine
+            .container_started(&c.id, &claim_list, &c.placement);
         updates.extend(more);
         self.device_plugin_used(c, &claim_list).await;
-        let managed = self.settings.manage_shared_cpus || !claims.is_empty();
         self.containers().set(&c.id, claims);
         for (k, v) in adjustment.env {
             match grant.env.iter_mut().find(|(key, _)| *key == k) {
@@ -433,10 +437,9 @@ impl Agent {
                 None => grant.env.push((k, v)),
             }
         }
-        if managed {
-            grant.cpus = adjustment.cpus;
-            grant.mems = adjustment.mems;
-        }
+        // Only what changes: two plugins setting the same field fail the creation.
+        grant.cpus = adjustment.cpus;
+        grant.mems = adjustment.mems;
         Ok((grant, updates))
     }
 
@@ -518,7 +521,7 @@ impl Agent {
         })
     }
 
-    /// Containers known and the claims they hold.
+    /// The containers holding claims, and their claims.
     pub fn container_claims(&self) -> BTreeMap<String, BTreeSet<String>> {
         self.containers()
             .iter()

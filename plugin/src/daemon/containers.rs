@@ -19,14 +19,16 @@ pub struct ContainerView {
     pub pod_name: String,
     /// Pod UID.
     pub pod_uid: String,
-    /// The pod's annotations (the annotation path reads them).
+    /// The pod's annotations the annotation path reads (those under its prefix), for a
+    /// container being created; empty for the running containers of a Synchronize, where
+    /// nothing reads them.
     pub pod_annotations: BTreeMap<String, String>,
     /// Fully qualified CDI device names the container was created with.
     pub cdi_devices: Vec<String>,
     /// (major, minor) of the device nodes in the container.
     pub device_nodes: Vec<(u32, u32)>,
-    /// The container's current cpuset, if the runtime reported one.
-    pub cpus: Option<String>,
+    /// The cpuset and memory nodes the runtime reports for the container.
+    pub placement: policies::Placement,
 }
 
 /// The claim UID a CDI device name of our kind grants, e.g.
@@ -41,16 +43,22 @@ pub fn claim_of_cdi_name(kind: &str, name: &str) -> Option<String> {
     Some(uid.to_string())
 }
 
-/// Containers the daemon knows and the claims each holds.
+/// The running containers that hold claims, and the claims each holds. A container without
+/// claims has no entry: the policy's node already knows it for its cpuset, and a big node
+/// runs tens of thousands of them.
 #[derive(Debug, Default)]
 pub struct ContainerMap {
     claims: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl ContainerMap {
-    /// Records that `container` holds `claims` (replacing what was known).
+    /// Records that `container` holds `claims` (replacing what was known; none: forgotten).
     pub fn set(&mut self, container: &str, claims: BTreeSet<String>) {
-        self.claims.insert(container.to_string(), claims);
+        if claims.is_empty() {
+            self.claims.remove(container);
+        } else {
+            self.claims.insert(container.to_string(), claims);
+        }
     }
 
     /// Forgets a container.
@@ -68,12 +76,12 @@ impl ContainerMap {
         self.claims.iter()
     }
 
-    /// Number of containers known.
+    /// Number of containers holding claims.
     pub fn len(&self) -> usize {
         self.claims.len()
     }
 
-    /// Whether no container is known.
+    /// Whether no container holds a claim.
     pub fn is_empty(&self) -> bool {
         self.claims.is_empty()
     }

@@ -24,6 +24,7 @@ use nri_proto::api::{
 };
 use nri_proto::protobuf::MessageField;
 use nri_proto::{EventMask, Plugin, PluginError};
+use policies::{CpuSet, Placement};
 
 use super::agent::{Agent, ContainerGrant, Injection};
 use super::containers::ContainerView;
@@ -102,20 +103,34 @@ fn parse_version(v: &str) -> (u32, u32, u32) {
     )
 }
 
-/// The agent's view of an NRI container.
-pub fn view(pod: &PodSandbox, c: &Container) -> ContainerView {
+/// The agent's view of an NRI container. The pod's annotations are copied only where the
+/// annotation path may read them: those under `annotation_prefix` when one is given (a
+/// container being created), none otherwise (the running containers of a Synchronize, where a
+/// CRI pod's few kilobytes of annotations would be copied for every container and read by
+/// nothing).
+pub fn view(pod: &PodSandbox, c: &Container, annotation_prefix: Option<&str>) -> ContainerView {
     let linux = c.linux.as_ref();
+    let cpu = linux
+        .and_then(|l| l.resources.as_ref())
+        .and_then(|r| r.cpu.as_ref());
     ContainerView {
         id: c.id.clone(),
         name: c.name.clone(),
         pod_namespace: pod.namespace.clone(),
         pod_name: pod.name.clone(),
         pod_uid: pod.uid.clone(),
-        pod_annotations: pod
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect::<BTreeMap<_, _>>(),
+        pod_annotations: annotation_prefix
+            .map(|prefix| {
+                pod.annotations
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.strip_prefix(prefix)
+                            .is_some_and(|rest| rest.starts_with('/'))
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<BTreeMap<_, _>>()
+            })
+            .unwrap_or_default(),
         cdi_devices: c.CDI_devices.iter().map(|d| d.name.clone()).collect(),
         device_nodes: linux
             .map(|l| {
@@ -128,12 +143,19 @@ pub fn view(pod: &PodSandbox, c: &Container) -> ContainerView {
                     .collect()
             })
             .unwrap_or_default(),
-        cpus: linux
-            .and_then(|l| l.resources.as_ref())
-            .and_then(|r| r.cpu.as_ref())
-            .map(|cpu| cpu.cpus.clone())
-            .filter(|s| !s.is_empty()),
+        placement: Placement {
+            cpus: cpu.and_then(|cpu| reported_set(&cpu.cpus)),
+            mems: cpu.and_then(|cpu| reported_set(&cpu.mems)),
+        },
     }
+}
+
+/// A cpuset or memory-node list as the runtime reports it: `None` when empty (not pinned). A
+/// list that does not parse counts as an empty set, which differs from any the policy gives, so
+/// the container is set to the policy's.
+fn reported_set(list: &str) -> Option<CpuSet> {
+    let list = list.trim();
+    (!list.is_empty()).then(|| list.parse().unwrap_or_default())
 }
 
 /// The NRI adjustment for a grant.
@@ -282,6 +304,7 @@ impl Plugin for NriPlugin {
                         .copied()
                         .unwrap_or(&empty),
                     c,
+                    None,
                 )
             })
             .collect();
@@ -328,12 +351,25 @@ impl Plugin for NriPlugin {
         Ok(updates.iter().map(update).collect())
     }
 
+    fn synchronize_freed(&self) {
+        // The decoded Synchronize (a few kilobytes per container) is freed: give its pages back
+        // to the system rather than keep them resident until the heap happens to reuse them.
+        let trim = || {
+            let released = crate::allocator::give_back_free_memory();
+            tracing::debug!(released, "freed memory of the Synchronize given back");
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(trim)),
+            Err(_) => trim(),
+        }
+    }
+
     async fn create_container(
         &self,
         pod: &PodSandbox,
         container: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
-        let v = view(pod, container);
+        let v = view(pod, container, Some(self.agent.annotation_prefix()));
         let started = std::time::Instant::now();
         let injection = self.injection();
         let result = if self.agent.may_prepare(&v) {

@@ -199,7 +199,6 @@ impl Daemon {
             AgentSettings {
                 cdi_kind: format!("{}/{}", config.cdi.vendor, config.cdi.class),
                 annotation_prefix: config.annotations.prefix.clone(),
-                manage_shared_cpus: config.pools.iter().any(|p| p.cpus_per_device > 0),
             },
         ));
 

@@ -77,7 +77,7 @@ pub struct StatusParts {
     pub gate_open: bool,
     /// The policy's view.
     pub policy: Snapshot,
-    /// Containers known and the claims they hold.
+    /// The containers holding claims, and their claims.
     pub containers: BTreeMap<String, BTreeSet<String>>,
     /// Container updates waiting to reach the runtime.
     pub pending_updates: usize,

@@ -623,15 +623,18 @@ impl Engine {
         pending::forget_except(self, live).await
     }
 
-    /// A container started (or was found running): its adjustment, and the
-    /// updates other containers need. Updates made here are returned to the
-    /// caller, who answers them inside the NRI handler's response.
+    /// A container started (or was found running) where `has` says: its adjustment (the
+    /// cpuset and mems only where they change), and the updates other containers need. Updates
+    /// made here are returned to the caller, who answers them inside the NRI handler's response.
     pub fn container_started(
         &self,
         container_id: &str,
         claims: &[String],
+        has: &policies::Placement,
     ) -> (Adjustment, Vec<ContainerUpdate>) {
-        self.state().node.container_started(container_id, claims)
+        self.state()
+            .node
+            .container_started(container_id, claims, has)
     }
 
     /// A container was removed: the claims that lived with it (annotation and

@@ -159,7 +159,6 @@ impl Rig {
             AgentSettings {
                 cdi_kind: CDI_KIND.into(),
                 annotation_prefix: "accel.nri.io".into(),
-                manage_shared_cpus: true,
             },
         ));
         let gate = Gate::new();

@@ -5,8 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nri_accel::claims_api::{ClaimAsk, ClaimSpec, ClaimsClient, CountAsk, Family, Selector};
@@ -122,13 +120,19 @@ pub struct DaemonProc {
 impl DaemonProc {
     /// Starts `nri-accel --config <config> run`, its log appended to `log`.
     pub fn spawn(config: &Path, log: &Path) -> DaemonProc {
+        Self::spawn_binary(&binary(), config, log)
+    }
+
+    /// Starts `<binary> --config <config> run` (another build, or a wrapper that execs one), its
+    /// log appended to `log`.
+    pub fn spawn_binary(binary: &Path, config: &Path, log: &Path) -> DaemonProc {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
             .expect("opening the daemon log");
         let err = out.try_clone().expect("cloning the log fd");
-        let child = Command::new(binary())
+        let child = Command::new(binary)
             .arg("--config")
             .arg(config)
             .arg("--log")
@@ -249,8 +253,8 @@ pub fn pct(mut v: Vec<Duration>) -> String {
     )
 }
 
-/// A claim of one share of any shared device.
-pub fn shared_claim(uid: &str) -> ClaimSpec {
+/// A claim `uid` in namespace `bench` asking for one unit of `family`.
+pub fn count_spec(uid: &str, family: Family) -> ClaimSpec {
     ClaimSpec {
         uid: uid.into(),
         namespace: "bench".into(),
@@ -258,7 +262,7 @@ pub fn shared_claim(uid: &str) -> ClaimSpec {
         ask: ClaimAsk::Count(vec![CountAsk {
             request: "gpu".into(),
             count: 1,
-            family: Family::Shared,
+            family,
             selector: Selector::default(),
             profile: None,
             shares: None,
@@ -266,8 +270,11 @@ pub fn shared_claim(uid: &str) -> ClaimSpec {
     }
 }
 
-/// Prepares `held-<from..to>` ([`shared_claim`]) with 64 concurrent clients; returns claims/s.
+/// Prepares `held-<from..to>` (one shared unit each) with 64 concurrent clients on the claims
+/// socket; returns prepared claims/s.
 pub async fn fill(socket: &Path, from: usize, to: usize) -> f64 {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
     let next = Arc::new(AtomicU64::new(from as u64));
     let t = Instant::now();
     let mut tasks = Vec::new();
@@ -281,7 +288,10 @@ pub async fn fill(socket: &Path, from: usize, to: usize) -> f64 {
                     break;
                 }
                 let uid = format!("held-{i}");
-                let r = c.prepare(vec![shared_claim(&uid)]).await.unwrap();
+                let r = c
+                    .prepare(vec![count_spec(&uid, Family::Shared)])
+                    .await
+                    .unwrap();
                 assert!(matches!(r.get(&uid), Some(Ok(_))), "prepare {uid}: {r:?}");
             }
         }));
@@ -290,4 +300,9 @@ pub async fn fill(socket: &Path, from: usize, to: usize) -> f64 {
         t.await.unwrap();
     }
     (to - from) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// A claim of one share of any shared device.
+pub fn shared_claim(uid: &str) -> ClaimSpec {
+    count_spec(uid, Family::Shared)
 }

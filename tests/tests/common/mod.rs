@@ -20,6 +20,8 @@ pub struct Seen {
     pub created: Vec<String>,
     pub state_changes: Vec<Event>,
     pub post_starts: Vec<String>,
+    /// Synchronizes whose requests were freed ([`Plugin::synchronize_freed`]).
+    pub syncs_freed: usize,
 }
 
 /// A plugin that records every call; its replies are driven by the container's annotations.
@@ -70,6 +72,10 @@ impl Plugin for Recorder {
             .map(|c| c.id.clone())
             .unwrap_or_else(|| "none".into());
         Ok(vec![u])
+    }
+
+    fn synchronize_freed(&self) {
+        self.seen().syncs_freed += 1;
     }
 
     async fn create_container(
