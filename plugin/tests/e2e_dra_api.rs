@@ -51,23 +51,8 @@ async fn a_claim_the_scheduler_allocated_is_prepared_and_its_container_gets_loca
     // The runtime creates the pod's container with the claim's CDI ids: it gets two CPUs local
     // to the GPU the scheduler chose.
     let p = pod("train", &[]);
-    n.fake.add_pod(p.clone());
     let c = container("c-train", &p, "trainer", &ids);
-    n.fake.create_container(&p, &c).await.expect("create");
-    n.fake.add_container(c.clone());
-    let (_, adj) = n
-        .fake
-        .adjustments()
-        .into_iter()
-        .rev()
-        .find(|(id, _)| id == "c-train")
-        .expect("an adjustment of the claim's container");
-    let cpu = adj
-        .linux
-        .as_ref()
-        .and_then(|l| l.resources.as_ref())
-        .and_then(|r| r.cpu.as_ref())
-        .expect("the adjustment sets a cpuset");
+    let cpu = create_with_cpuset(&n.fake, &p, &c).await;
     let doc = n.node.status_json().await;
     let record = doc["claims"]
         .as_array()

@@ -167,14 +167,3 @@ pub fn refusal(answer: &BTreeMap<String, PreparedClaim>, uid: &str) -> String {
         other => panic!("claim {uid} should have been refused: {other:?}"),
     }
 }
-
-/// Expands a kernel CPU list ("0-1,5").
-pub fn expand_cpus(list: &str) -> Vec<u32> {
-    list.split(',')
-        .filter(|s| !s.is_empty())
-        .flat_map(|part| match part.split_once('-') {
-            Some((a, b)) => (a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()).collect(),
-            None => vec![part.parse().unwrap()],
-        })
-        .collect()
-}
