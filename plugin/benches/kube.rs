@@ -224,15 +224,9 @@ fn main() {
     std::fs::create_dir_all(&base).unwrap();
     println!(
         "kube bench ({samples} samples), load average {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        proc_node::load_average()
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = proc_node::bench_runtime();
     rt.block_on(async {
         publish_bench(samples).await;
         if env_usize("KUBE_BENCH_RSS", 1) != 0 {

@@ -12,7 +12,7 @@
 //!    unpinned, and the next Synchronize must update exactly those.
 //!
 //! Run (the no-op plugin is a binary of the tests crate):
-//! `cargo build --release -p nri-accel-tests --bins && cargo bench -p nri-accel --bench scale`.
+//! `cargo build --release -p nri-sim --bins && cargo bench -p nri-accel --bench scale`.
 //! Part 3's second half fits the checkpoint's commit cap up to about 8,000 containers (run it
 //! with `SCALE_BENCH_CONTAINERS=5000`).
 //! `SCALE_BENCH_DIR` picks where files go (default: the target dir), `SCALE_BENCH_SYNCS` (10)
@@ -103,7 +103,7 @@ fn noop_plugin_binary() -> PathBuf {
     let p = proc_node::binary().with_file_name("nri-test-plugin");
     assert!(
         p.exists(),
-        "{} is missing: run `cargo build --release -p nri-accel-tests --bins` first",
+        "{} is missing: run `cargo build --release -p nri-sim --bins` first",
         p.display()
     );
     p

@@ -1,9 +1,10 @@
-//! `nri-accel demo` runs the whole path from a fresh state and exits 0.
+//! `nri-accel demo` runs the whole path from a fresh state and exits 0: the claims API, the
+//! annotation path and the Kubernetes DRA path (slices, scheduler, kubelet).
 
 use std::process::Command;
 
 #[test]
-fn demo_completes_and_shows_cdi_ids_and_an_adjustment() {
+fn demo_completes_and_shows_cdi_ids_and_an_adjustment_on_both_paths() {
     let out = Command::new(env!("CARGO_BIN_EXE_nri-accel"))
         .arg("demo")
         .env_remove("RUST_LOG")
@@ -36,6 +37,26 @@ fn demo_completes_and_shows_cdi_ids_and_an_adjustment() {
         stdout.contains("rolled back (record without spec): claim-crash"),
         "{stdout}"
     );
+    // The Kubernetes DRA path: slices published, a claim scheduled from them, prepared over the
+    // kubelet's socket, its container given CPUs.
+    let dra = stdout
+        .split("── 2.")
+        .nth(1)
+        .and_then(|s| s.split("── 3.").next())
+        .expect("the DRA step");
+    assert!(dra.contains("published to the API server: "), "{dra}");
+    assert!(
+        dra.contains("the scheduler allocated ResourceClaim default/train-gpu: device whole-gpu"),
+        "{dra}"
+    );
+    assert!(
+        dra.contains(
+            "kubelet NodePrepareResources over the DRA socket -> CDI accel.nri.io/device=claim-uid-k8s-train-0"
+        ),
+        "{dra}"
+    );
+    assert!(dra.contains("adjustment cpuset: cpus "), "{dra}");
+    assert!(dra.contains("NodeUnprepareResources: released"), "{dra}");
     assert!(stdout.contains("demo complete"), "{stdout}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -38,22 +38,8 @@ async fn dra_claim_prepare_container_adjust_unprepare() {
 
     // The runtime creates the claim's container carrying the CDI names.
     let p = pod("train", &[]);
-    fake.add_pod(p.clone());
     let c = container("c-train-1", &p, "trainer", &cdi);
-    fake.create_container(&p, &c).await.expect("create");
-    fake.add_container(c.clone());
-    let (_, adj) = fake
-        .adjustments()
-        .into_iter()
-        .rev()
-        .find(|(id, _)| id == "c-train-1")
-        .expect("adjustment");
-    let cpu = adj
-        .linux
-        .as_ref()
-        .and_then(|l| l.resources.as_ref())
-        .and_then(|r| r.cpu.as_ref())
-        .expect("the adjustment sets a cpuset");
+    let cpu = create_with_cpuset(&fake, &p, &c).await;
     // Two exclusive CPUs of the GPU's NUMA node (0-7 or 8-15).
     let doc = node.status_json().await;
     let claim = doc["claims"]
@@ -65,7 +51,7 @@ async fn dra_claim_prepare_container_adjust_unprepare() {
         .clone();
     let claim_cpus = claim["cpus"].as_str().unwrap().to_string();
     assert_eq!(cpu.cpus, claim_cpus, "{doc:#}");
-    let cpus: Vec<u32> = expand(&cpu.cpus);
+    let cpus: Vec<u32> = expand_cpus(&cpu.cpus);
     assert_eq!(cpus.len(), 2, "cpus {}", cpu.cpus);
     let device = claim["results"][0]["device_id"].as_str().unwrap();
     let gpu: u32 = device.trim_start_matches("gpu").parse().unwrap();
@@ -92,15 +78,4 @@ async fn dra_claim_prepare_container_adjust_unprepare() {
     let again = client.unprepare(vec![claim_ref("dra-1")]).await.unwrap();
     assert_eq!(again["dra-1"], Ok(()));
     assert!(fake.errors().is_empty(), "{:?}", fake.errors());
-}
-
-/// Expands a kernel CPU list ("0-1,5").
-fn expand(list: &str) -> Vec<u32> {
-    list.split(',')
-        .filter(|s| !s.is_empty())
-        .flat_map(|part| match part.split_once('-') {
-            Some((a, b)) => (a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()).collect(),
-            None => vec![part.parse().unwrap()],
-        })
-        .collect()
 }

@@ -1,7 +1,9 @@
-//! `nri-accel demo`: the whole path on an embedded simulated node and runtime,
-//! over real sockets in a temp dir, explained step by step.
+//! `nri-accel demo`: the whole path on an embedded simulated node, runtime and Kubernetes
+//! (kube-sim's API server, scheduler and kubelet), over real sockets in a temp dir, explained
+//! step by step.
 
 pub mod fixtures;
+mod kubernetes;
 mod node;
 
 use std::process::ExitCode;
@@ -90,12 +92,17 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         .tempdir()
         .context("creating the demo's temp dir")?;
     let dir = tmp.path().to_path_buf();
-    let cfg = config(&dir);
+    let mut cfg = config(&dir);
+    let api = kubernetes::enable(&mut cfg, &dir).await?;
     println!(
-        "nri-accel demo: a simulated node (16 CPUs, 2 NUMA nodes, 4 GPUs) and an embedded container runtime,"
+        "nri-accel demo: a simulated node (16 CPUs, 2 NUMA nodes, 4 GPUs), an embedded container"
     );
     println!(
-        "talking NRI and the claims API over real unix sockets in {}",
+        "runtime and a simulated Kubernetes (API server on {}, scheduler, kubelet), talking NRI,",
+        api.addr()
+    );
+    println!(
+        "the claims API and the kubelet's DRA gRPC over real unix sockets in {}",
         dir.display()
     );
 
@@ -139,11 +146,18 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         daemon.gate().is_open()
     );
 
+    let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
+
     step(
         2,
+        "Kubernetes: slices published, a claim scheduled from them, prepared for the kubelet",
+    );
+    kubernetes::run(&cfg, &api, &fake, &client).await?;
+
+    step(
+        3,
         "a DRA driver prepares three claims through the claims API (one per family)",
     );
-    let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
     let whole = prepare(&client, count_claim("claim-whole", Family::Exclusive, None)).await?;
     prepare(&client, count_claim("claim-share", Family::Shared, None)).await?;
     prepare(
@@ -158,7 +172,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     );
 
     step(
-        3,
+        4,
         "the runtime creates the claim's container with its CDI devices; nri-accel adjusts it",
     );
     let train = pod("train", &[]);
@@ -183,7 +197,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     }
 
     step(
-        4,
+        5,
         "the annotation path: a pod without DRA asks for a GPU in an annotation",
     );
     let notebook = pod(
@@ -197,7 +211,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     show_adjustment(&fake, &jupyter.id);
 
     step(
-        5,
+        6,
         "clusters without DRA: the kubelet admits a container through nri-accel's device plugin",
     );
     let kubelet = DevicePluginKubelet::start(&cfg.device_plugin.dir)
@@ -239,12 +253,12 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         Ok(_) => bail!("a second Allocate of a held GPU was not refused"),
     }
 
-    step(6, "status");
+    step(7, "status");
     let report = client.status().await?;
     print!("{}", indent(&crate::cli::status::render(&report.document)));
 
     step(
-        7,
+        8,
         "an early prepare: a new claim names the device claim-whole still holds",
     );
     let held = daemon
@@ -274,7 +288,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     }
 
     step(
-        8,
+        9,
         "the old claim is unprepared (its pod went away); the retry now succeeds",
     );
     fake.notify(
@@ -310,7 +324,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     );
 
     step(
-        9,
+        10,
         "a crash: the daemon dies after writing a spec's temp file, and restarts",
     );
     // The injected crash unwinds the blocking task that writes the spec; keep its report quiet.

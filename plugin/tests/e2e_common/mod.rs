@@ -436,6 +436,41 @@ pub fn container(id: &str, pod: &PodSandbox, name: &str, cdi: &[String]) -> Cont
     nri_accel::demo::fixtures::container(id, pod, name, cdi)
 }
 
+/// The runtime creates `c` of `pod` (both made known to it first) and answers the cpuset of the
+/// newest adjustment nri-accel gave the container; panics when there is none.
+pub async fn create_with_cpuset(
+    fake: &FakeRuntime,
+    pod: &PodSandbox,
+    c: &Container,
+) -> nri_proto::api::LinuxCPU {
+    fake.add_pod(pod.clone());
+    fake.create_container(pod, c).await.expect("create");
+    fake.add_container(c.clone());
+    let (_, adj) = fake
+        .adjustments()
+        .into_iter()
+        .rev()
+        .find(|(id, _)| *id == c.id)
+        .expect("an adjustment of the container");
+    adj.linux
+        .as_ref()
+        .and_then(|l| l.resources.as_ref())
+        .and_then(|r| r.cpu.as_ref())
+        .expect("the adjustment sets a cpuset")
+        .clone()
+}
+
+/// Expands a kernel CPU list ("0-1,5").
+pub fn expand_cpus(list: &str) -> Vec<u32> {
+    list.split(',')
+        .filter(|s| !s.is_empty())
+        .flat_map(|part| match part.split_once('-') {
+            Some((a, b)) => (a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()).collect(),
+            None => vec![part.parse().unwrap()],
+        })
+        .collect()
+}
+
 /// A count claim of one unit of `family` (`profile` for sliced).
 pub fn count_claim(uid: &str, family: Family, profile: Option<&str>) -> ClaimSpec {
     nri_accel::demo::fixtures::count_claim("e2e", uid, family, profile)

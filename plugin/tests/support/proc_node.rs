@@ -227,6 +227,24 @@ impl Rng {
     }
 }
 
+/// The machine's load average as `/proc/loadavg` gives it, for a bench's first line (the figures
+/// of this 2-core VM depend on what else runs).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The runtime a bench drives its clients on: two workers, like the daemon's host.
+pub fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// An env var as a number, or `default`.
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)

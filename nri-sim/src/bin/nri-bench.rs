@@ -1,7 +1,7 @@
 //! The NRI protocol benchmark as a plain binary (see `fake_runtime::bench`): builds in release
 //! without the test crate's dev-dependencies. Expects `nri-test-plugin` next to itself.
 //!
-//! Run: `cargo build --release -p nri-accel-tests --bins && target/release/nri-bench [ITERS]`.
+//! Run: `cargo build --release -p nri-sim --bins && target/release/nri-bench [ITERS]`.
 
 fn main() {
     let iters = std::env::args()

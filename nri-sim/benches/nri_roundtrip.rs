@@ -1,7 +1,7 @@
 //! NRI protocol benchmark (a bench binary, two processes); see `fake_runtime::bench`.
 //!
-//! Run: `cargo bench -p nri-accel-tests --bench nri_roundtrip` (NRI_BENCH_ITERS sets the sample),
-//! or without the dev-dependencies: `cargo run --release -p nri-accel-tests --bin nri-bench`.
+//! Run: `cargo bench -p nri-sim --bench nri_roundtrip` (NRI_BENCH_ITERS sets the sample),
+//! or without the dev-dependencies: `cargo run --release -p nri-sim --bin nri-bench`.
 
 fn main() {
     let iters = std::env::var("NRI_BENCH_ITERS")
