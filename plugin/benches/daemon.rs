@@ -93,15 +93,9 @@ fn main() {
     println!(
         "daemon bench: {} ({samples} samples, {claims} claims), load average {}",
         proc_node::binary().display(),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        proc_node::load_average()
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = proc_node::bench_runtime();
     rt.block_on(async {
         let _fake = FakeRuntime::start(&cfg.nri.socket).await.unwrap();
         let t = Instant::now();

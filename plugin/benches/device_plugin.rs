@@ -208,15 +208,9 @@ fn main() {
     println!(
         "device plugin bench: {} ({samples} samples), load average {}",
         proc_node::binary().display(),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        proc_node::load_average()
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = proc_node::bench_runtime();
     rt.block_on(async {
         allocate_vs_prepare(&base, samples).await;
         listing_latency(&base, samples).await;

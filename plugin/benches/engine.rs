@@ -265,16 +265,10 @@ fn main() {
     let samples = env_usize("ENGINE_BENCH_SAMPLES", 200);
     let claims = env_usize("ENGINE_BENCH_CLAIMS", 10_000);
     let secs = env_usize("ENGINE_BENCH_SECS", 3) as u64;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = proc_node::bench_runtime();
     println!(
         "engine bench: {samples} samples, {claims} claims, load average {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        proc_node::load_average()
     );
     rt.block_on(async {
         let d = dirs();

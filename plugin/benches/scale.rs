@@ -429,11 +429,7 @@ fn main() {
         noop_plugin_binary().display(),
         load()
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = proc_node::bench_runtime();
     rt.block_on(async {
         if parts.contains('1') || parts.contains('2') {
             rss_parts(&base, &parts).await;
