@@ -183,6 +183,9 @@ async fn rss_run(base: &Path, dra: bool, claims: usize) {
     let kubeconfig = tmp.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
     cfg.dra.enabled = dra;
+    // The kubelet side runs too (registration, DRA and health sockets), in the temp dir.
+    cfg.dra.plugins_registry_dir = tmp.path().join("kubelet/plugins_registry");
+    cfg.dra.plugins_dir = tmp.path().join("kubelet/plugins");
     cfg.kubernetes.node_name = NODE.into();
     cfg.kubernetes.kubeconfig = Some(kubeconfig);
     let config_path = tmp.path().join("config.yaml");

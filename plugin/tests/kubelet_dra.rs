@@ -78,6 +78,32 @@ async fn registration_prepare_repeat_unprepare_v1() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_claim_is_answered_without_the_api_server_unless_it_holds_shares() {
+    let rig = Rig::start().await;
+    let (_kubelet, _plugin, client) = rig.kubelet().await;
+    let whole = rig.allocate("uid-w", "w", &["whole-gpu0"]);
+    let shared = rig.allocate("uid-s", "s", &["shared-gpu2"]);
+    let first = client
+        .prepare(&[whole.clone(), shared.clone()])
+        .await
+        .unwrap();
+    assert_eq!(rig.claims.reads(), 2);
+    let again = client
+        .prepare(&[whole.clone(), shared.clone()])
+        .await
+        .unwrap();
+    for uid in ["uid-w", "uid-s"] {
+        assert_eq!(again[uid].as_ref().unwrap(), first[uid].as_ref().unwrap());
+    }
+    assert_eq!(
+        rig.claims.reads(),
+        3,
+        "only the claim holding a share is read again (for its share ID)"
+    );
+    rig.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_kubelet_speaks_v1beta1() {
     let rig = Rig::start().await;
     let mut kubelet = PluginWatcher::speaking(&rig.registry, &["v1beta1.DRAPlugin"]);

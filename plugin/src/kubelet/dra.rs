@@ -252,12 +252,20 @@ impl Inner {
         answers
     }
 
-    /// What the engine is asked to prepare for `c`. When the claim's allocation cannot be read
-    /// but the engine already holds the claim (a repeat), the held devices are asked for again,
-    /// which answers the same CDI IDs without the API server.
+    /// What the engine is asked to prepare for `c`. A claim the engine already holds (a repeat:
+    /// the kubelet retries, or re-prepares every claim after it restarts) is asked for with the
+    /// held devices, which answers the same CDI IDs without reading the API server: an
+    /// allocation never changes under one UID, and the first prepare checked it. A claim holding
+    /// shares is read again, as the record does not keep the share IDs the answer carries; when
+    /// that read fails, it too is answered from the record (without them).
     async fn ask(&self, c: &ClaimRef) -> Result<ClaimSpec, String> {
         check_uid(&c.uid)?;
         check_claim_name(c)?;
+        if !self.holds_shares(c)
+            && let Some(spec) = self.held(c)
+        {
+            return Ok(spec);
+        }
         let read = tokio::time::timeout(SOURCE_TIMEOUT, self.source.allocation(c))
             .await
             .unwrap_or_else(|_| {
@@ -270,9 +278,21 @@ impl Inner {
             });
         let results = match read {
             Ok(results) => results,
+            // Held meanwhile (a concurrent call prepared it): answered from the record.
             Err(e) => return self.held(c).ok_or(e),
         };
         Ok(spec(c, self.engine_results(c, &results)?))
+    }
+
+    /// Whether the engine holds `c` with a share of a shared device among its grants.
+    fn holds_shares(&self, c: &ClaimRef) -> bool {
+        self.engine.with_node(|n| {
+            n.allocation(&c.uid).is_some_and(|a| {
+                a.results
+                    .iter()
+                    .any(|g| matches!(g.unit, policies::Unit::Share { .. }))
+            })
+        })
     }
 
     /// The claim as the engine holds it, if it does.
@@ -285,7 +305,7 @@ impl Inner {
                     .collect::<Vec<_>>()
             })
         })?;
-        tracing::info!(claim = %c.uid, "claim already prepared; answered from the node's record without the API server");
+        tracing::debug!(claim = %c.uid, "claim already prepared; answered from the node's record");
         let results = grants
             .into_iter()
             .map(|(request, pool, device)| DraResult {
