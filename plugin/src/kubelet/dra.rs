@@ -261,9 +261,7 @@ impl Inner {
     async fn ask(&self, c: &ClaimRef) -> Result<ClaimSpec, String> {
         check_uid(&c.uid)?;
         check_claim_name(c)?;
-        if !self.holds_shares(c)
-            && let Some(spec) = self.held(c)
-        {
+        if let Some((spec, false)) = self.held(c) {
             return Ok(spec);
         }
         let read = tokio::time::timeout(SOURCE_TIMEOUT, self.source.allocation(c))
@@ -279,44 +277,37 @@ impl Inner {
         let results = match read {
             Ok(results) => results,
             // Held meanwhile (a concurrent call prepared it): answered from the record.
-            Err(e) => return self.held(c).ok_or(e),
+            Err(e) => return self.held(c).map(|(spec, _)| spec).ok_or(e),
         };
         Ok(spec(c, self.engine_results(c, &results)?))
     }
 
-    /// Whether the engine holds `c` with a share of a shared device among its grants.
-    fn holds_shares(&self, c: &ClaimRef) -> bool {
-        self.engine.with_node(|n| {
-            n.allocation(&c.uid).is_some_and(|a| {
-                a.results
-                    .iter()
-                    .any(|g| matches!(g.unit, policies::Unit::Share { .. }))
-            })
-        })
-    }
-
-    /// The claim as the engine holds it, if it does.
-    fn held(&self, c: &ClaimRef) -> Option<ClaimSpec> {
-        let grants = self.engine.with_node(|n| {
+    /// The claim as the engine holds it, if it does, and whether it holds a share of a shared
+    /// device (whose share ID the record does not keep).
+    fn held(&self, c: &ClaimRef) -> Option<(ClaimSpec, bool)> {
+        let driver = &self.settings.driver;
+        let (results, shares) = self.engine.with_node(|n| {
             n.allocation(&c.uid).map(|a| {
-                a.results
+                let results: Vec<DraResult> = a
+                    .results
                     .iter()
-                    .map(|g| (g.request.clone(), g.pool.clone(), g.device.clone()))
-                    .collect::<Vec<_>>()
+                    .map(|g| DraResult {
+                        request: g.request.clone(),
+                        driver: driver.clone(),
+                        pool: g.pool.clone(),
+                        device: g.device.clone(),
+                        share_id: None,
+                    })
+                    .collect();
+                let shares = a
+                    .results
+                    .iter()
+                    .any(|g| matches!(g.unit, policies::Unit::Share { .. }));
+                (results, shares)
             })
         })?;
         tracing::debug!(claim = %c.uid, "claim already prepared; answered from the node's record");
-        let results = grants
-            .into_iter()
-            .map(|(request, pool, device)| DraResult {
-                request,
-                driver: self.settings.driver.clone(),
-                pool,
-                device,
-                share_id: None,
-            })
-            .collect();
-        Some(spec(c, results))
+        Some((spec(c, results), shares))
     }
 
     /// The claim's results as the engine's results path takes them (the pool of each is the
