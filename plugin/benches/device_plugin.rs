@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use fake_runtime::FakeRuntime;
 use kube_sim::kubelet::DevicePluginKubelet;
-use nri_accel::claims_api::{ClaimAsk, ClaimSpec, CountAsk, Family, Selector};
+use nri_accel::claims_api::{ClaimAsk, ClaimSpec, Family};
 use nri_accel::device_health::{DeviceHealth, HealthMonitor, HealthReport};
 use nri_accel::gate::Gate;
 use nri_accel::kubelet::device_plugin::DevicePlugins;
@@ -35,24 +35,14 @@ const SHARED: &str = "accel.nri.io/shared";
 const WHOLE: &str = "accel.nri.io/whole";
 const WAIT: Duration = Duration::from_secs(60);
 
+/// One shared unit from the claims API's half of the shared GPUs (the kubelet allocates from
+/// the other).
 fn spec(uid: &str) -> ClaimSpec {
-    ClaimSpec {
-        uid: uid.into(),
-        namespace: "bench".into(),
-        name: format!("{uid}-claim"),
-        ask: ClaimAsk::Count(vec![CountAsk {
-            request: "gpu".into(),
-            count: 1,
-            family: Family::Shared,
-            // The claims API's half of the shared GPUs; the kubelet allocates from the other.
-            selector: Selector {
-                device_ids: (12..16).map(|i| format!("gpu{i}")).collect(),
-                ..Selector::default()
-            },
-            profile: None,
-            shares: None,
-        }]),
+    let mut spec = proc_node::count_spec(uid, Family::Shared);
+    if let ClaimAsk::Count(asks) = &mut spec.ask {
+        asks[0].selector.device_ids = (12..16).map(|i| format!("gpu{i}")).collect();
     }
+    spec
 }
 
 /// Allocate vs Prepare against the real daemon.

@@ -20,6 +20,22 @@ pub struct PoolConfig {
     pub cpus_per_device: u32,
 }
 
+impl PoolConfig {
+    /// A pool of exactly the devices `ids` (every device when empty) handed out by `family`,
+    /// without accelerator-local CPUs: the pool fixtures, tests and benches build.
+    pub fn of_ids(name: &str, ids: &[&str], family: FamilyConfig) -> PoolConfig {
+        PoolConfig {
+            name: name.to_string(),
+            select: DeviceSelector {
+                ids: ids.iter().map(|s| s.to_string()).collect(),
+                ..DeviceSelector::default()
+            },
+            family,
+            cpus_per_device: 0,
+        }
+    }
+}
+
 /// Matches devices by vendor, model, PCI id or id; every field given must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

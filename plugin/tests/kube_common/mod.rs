@@ -28,18 +28,6 @@ pub fn gpu(id: &str, numa: u32) -> Device {
     }
 }
 
-fn pool(name: &str, family: FamilyConfig, ids: &[&str]) -> PoolConfig {
-    PoolConfig {
-        name: name.into(),
-        select: policies::DeviceSelector {
-            ids: ids.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        },
-        family,
-        cpus_per_device: 0,
-    }
-}
-
 /// Pools of the three families over `exclusive` whole GPUs, one shared and one sliced.
 pub fn source(exclusive: usize) -> PublishSource {
     let mut devices: Vec<Device> = (0..exclusive)
@@ -50,18 +38,19 @@ pub fn source(exclusive: usize) -> PublishSource {
     let whole: Vec<String> = (0..exclusive).map(|i| format!("g{i:04}")).collect();
     let whole: Vec<&str> = whole.iter().map(String::as_str).collect();
     let pools = vec![
-        pool("whole", FamilyConfig::Exclusive, &whole),
-        pool(
+        PoolConfig::of_ids("whole", &whole, FamilyConfig::Exclusive),
+        PoolConfig::of_ids(
             "shared",
+            &["s0"],
             FamilyConfig::Shared {
                 replicas: 4,
                 memory_mib_per_share: 20480,
                 compute_percent_per_share: 25,
             },
-            &["s0"],
         ),
-        pool(
+        PoolConfig::of_ids(
             "sliced",
+            &["m0"],
             FamilyConfig::Sliced {
                 slots: 8,
                 profiles: vec![
@@ -81,7 +70,6 @@ pub fn source(exclusive: usize) -> PublishSource {
                     },
                 ],
             },
-            &["m0"],
         ),
     ];
     let inventory = Inventory {

@@ -2,8 +2,8 @@
 #![allow(dead_code, missing_docs)]
 
 use policies::{
-    Ask, ClaimRequest, CountRequest, CpuSet, Device, DeviceNode, DeviceSelector, FamilyConfig,
-    Inventory, NamedResult, Node, NodeKind, PoolConfig, ProfileConfig, Registry,
+    Ask, ClaimRequest, CountRequest, CpuSet, Device, DeviceNode, FamilyConfig, Inventory,
+    NamedResult, Node, NodeKind, PoolConfig, ProfileConfig, Registry,
 };
 
 pub fn cpus(list: &str) -> CpuSet {
@@ -48,13 +48,8 @@ pub fn gpu(id: &str, vendor: &str, numa: u32, local: &str, bus: u8, minor: u32) 
 
 pub fn pool(name: &str, ids: &[&str], family: FamilyConfig, cpus_per_device: u32) -> PoolConfig {
     PoolConfig {
-        name: name.to_string(),
-        select: DeviceSelector {
-            ids: ids.iter().map(|s| s.to_string()).collect(),
-            ..DeviceSelector::default()
-        },
-        family,
         cpus_per_device,
+        ..PoolConfig::of_ids(name, ids, family)
     }
 }
 

@@ -20,18 +20,6 @@ fn gpu(id: &str, numa: u32) -> Device {
     }
 }
 
-fn pool(name: &str, family: FamilyConfig, ids: &[&str]) -> PoolConfig {
-    PoolConfig {
-        name: name.into(),
-        select: policies::DeviceSelector {
-            ids: ids.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        },
-        family,
-        cpus_per_device: 0,
-    }
-}
-
 fn mig() -> FamilyConfig {
     let p = |name: &str, size, starts: &[u32]| ProfileConfig {
         name: name.into(),
@@ -89,9 +77,9 @@ impl Fixture {
         Fixture::new(
             vec![gpu("17", 0), gpu("18", 0), gpu("65", 1), gpu("66", 1)],
             vec![
-                pool("whole", FamilyConfig::Exclusive, &["17", "18"]),
-                pool("share", shared(), &["65"]),
-                pool("mig", mig(), &["66"]),
+                PoolConfig::of_ids("whole", &["17", "18"], FamilyConfig::Exclusive),
+                PoolConfig::of_ids("share", &["65"], shared()),
+                PoolConfig::of_ids("mig", &["66"], mig()),
             ],
         )
     }
@@ -266,7 +254,7 @@ fn long_names_are_withdrawn_not_sent() {
     let long = "p".repeat(62);
     let f = Fixture::new(
         vec![gpu("17", 0)],
-        vec![pool(&long, FamilyConfig::Exclusive, &["17"])],
+        vec![PoolConfig::of_ids(&long, &["17"], FamilyConfig::Exclusive)],
     );
     let c = f.build(Capabilities::ALL, &BTreeSet::new());
     assert!(c.devices.is_empty());
@@ -277,7 +265,7 @@ fn many(n: usize, family: FamilyConfig) -> Fixture {
     let devices: Vec<Device> = (0..n)
         .map(|i| gpu(&format!("{i:04x}"), (i % 2) as u32))
         .collect();
-    Fixture::new(devices, vec![pool("p", family, &[])])
+    Fixture::new(devices, vec![PoolConfig::of_ids("p", &[], family)])
 }
 
 fn check_limits(bodies: &[Body]) {
@@ -447,7 +435,7 @@ proptest! {
     fn overlapping_names_always_share_a_counter(profiles in profiles()) {
         prop_assume!(!profiles.is_empty());
         let family = FamilyConfig::Sliced { slots: 8, profiles };
-        let f = Fixture::new(vec![gpu("17", 0)], vec![pool("m", family, &[])]);
+        let f = Fixture::new(vec![gpu("17", 0)], vec![PoolConfig::of_ids("m", &[], family)]);
         let c = f.build(Capabilities::ALL, &BTreeSet::new());
         for a in &f.published {
             for b in &f.published {

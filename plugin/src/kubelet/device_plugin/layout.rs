@@ -269,18 +269,6 @@ mod tests {
         }
     }
 
-    fn pool(name: &str, ids: &[&str], family: FamilyConfig) -> PoolConfig {
-        PoolConfig {
-            name: name.into(),
-            select: policies::DeviceSelector {
-                ids: ids.iter().map(|s| s.to_string()).collect(),
-                ..Default::default()
-            },
-            family,
-            cpus_per_device: 0,
-        }
-    }
-
     fn sliced() -> FamilyConfig {
         let p = |name: &str, size: u32, starts: Vec<u32>| ProfileConfig {
             name: name.into(),
@@ -305,8 +293,8 @@ mod tests {
     #[test]
     fn every_family_is_advertised_with_its_ids_and_numa() {
         let pools = vec![
-            pool("whole", &["g0", "g1"], FamilyConfig::Exclusive),
-            pool(
+            PoolConfig::of_ids("whole", &["g0", "g1"], FamilyConfig::Exclusive),
+            PoolConfig::of_ids(
                 "shared",
                 &["g2"],
                 FamilyConfig::Shared {
@@ -315,9 +303,9 @@ mod tests {
                     compute_percent_per_share: 0,
                 },
             ),
-            pool("mig", &["g3"], sliced()),
-            pool("mixed", &["g4"], sliced()),
-            pool("plain", &["g5"], sliced()),
+            PoolConfig::of_ids("mig", &["g3"], sliced()),
+            PoolConfig::of_ids("mixed", &["g4"], sliced()),
+            PoolConfig::of_ids("plain", &["g5"], sliced()),
         ];
         let devices = (0..6).map(|i| gpu(&format!("g{i}"), i % 2)).collect();
         let node = Node::new(
@@ -373,7 +361,7 @@ mod tests {
 
     #[test]
     fn layouts_are_checked_against_the_pool() {
-        let p = pool("mig", &[], sliced());
+        let p = PoolConfig::of_ids("mig", &[], sliced());
         assert!(check(&p, &[at("4g", 0), at("4g", 4)]).is_ok());
         let e = check(&p, &[at("4g", 0), at("1g", 3)]).unwrap_err();
         assert!(e.contains("4g@0 and 1g@3 overlap at slot 3"), "{e}");
@@ -385,7 +373,7 @@ mod tests {
         let e = check(&p, &[at("4g", 2)]).unwrap_err();
         assert!(e.contains("may not start at slot 2 (allowed: 0, 4)"), "{e}");
         assert!(check(&p, &[]).unwrap_err().contains("names no slice"));
-        let whole = pool("w", &[], FamilyConfig::Exclusive);
+        let whole = PoolConfig::of_ids("w", &[], FamilyConfig::Exclusive);
         assert!(
             check(&whole, &[at("1g", 0)])
                 .unwrap_err()
