@@ -168,6 +168,9 @@ impl Node {
             }
         };
         self.shared = self.shared.difference(&cpus);
+        // Kept for the claim's life: most claims hold one grant, and a vector grown by pushes
+        // has room for four (512 bytes a claim).
+        grants.shrink_to_fit();
         let allocation = Arc::new(Allocation {
             claim_uid: req.uid.clone(),
             namespace: req.namespace.clone(),

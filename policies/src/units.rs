@@ -167,14 +167,14 @@ impl<M: UnitModel> UnitPolicy<M> {
     }
 
     fn record(&mut self, claim: &str, taken: &[(usize, Grant)]) {
-        self.claims
-            .entry(claim.to_string())
-            .or_default()
-            .extend(taken.iter().map(|(dev, g)| Held {
-                dev: *dev,
-                request: g.request.as_str().into(),
-                unit: g.unit.clone(),
-            }));
+        let held = self.claims.entry(claim.to_string()).or_default();
+        held.extend(taken.iter().map(|(dev, g)| Held {
+            dev: *dev,
+            request: g.request.as_str().into(),
+            unit: g.unit.clone(),
+        }));
+        // Kept for the claim's life; a first extend leaves room for four.
+        held.shrink_to_fit();
     }
 
     /// The grant `h` stands for.

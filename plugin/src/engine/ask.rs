@@ -4,11 +4,12 @@
 //!
 //! A DRA allocation never changes under one claim UID, so a Prepare of a prepared UID is an
 //! idempotent repeat only when it asks for the same thing: the same results (request, pool,
-//! device, in order), the same units (a device plugin's Allocate) or the same count requests. Anything else is a caller's bug or a claim
-//! object recreated under an old UID, and is refused naming both asks. The ask is kept in the
-//! claim's record so the comparison holds across restarts; a record written before asks were
-//! kept compares by the results of its allocation (count asks then cannot be compared and are
-//! answered as repeats).
+//! device, in order), the same units (a device plugin's Allocate) or the same count requests.
+//! Anything else is a caller's bug or a claim object recreated under an old UID, and is refused
+//! naming both asks. A count ask is kept in the claim's record so the comparison holds across
+//! restarts; a named or units ask is compared with the results of the allocation, which list
+//! the same devices (so is a record written before asks were kept, whose count asks then cannot
+//! be compared and are answered as repeats).
 
 use policies::{Allocation, Ask, FamilyKind, Node};
 
@@ -51,6 +52,14 @@ pub fn same_ask(recorded: Option<&Ask>, allocation: &Allocation, asked: &Ask) ->
         }
         (None, Ask::Count(_)) => true,
     }
+}
+
+/// The ask a claim's record keeps: only a count ask, or one its allocation's results do not
+/// repeat. A named or units ask lists exactly the results the allocation holds, so
+/// [`same_ask`] can compare against those, and 10,000 DRA claims need not keep a second copy of
+/// their device names.
+pub fn to_keep(ask: Option<Ask>, allocation: &Allocation) -> Option<Ask> {
+    ask.filter(|a| matches!(a, Ask::Count(_)) || !same_ask(None, allocation, a))
 }
 
 /// A short description of an ask for messages: `devices gpus-gpu0 (pool gpus)` or
@@ -189,6 +198,14 @@ mod tests {
         assert!(same_ask(None, &a, &named("gpus-gpu0")));
         assert!(!same_ask(None, &a, &named("gpus-gpu1")));
         assert!(same_ask(None, &a, &count(3)));
+        // Only what the allocation cannot answer for is kept.
+        assert_eq!(to_keep(Some(named("gpus-gpu0")), &a), None);
+        assert_eq!(
+            to_keep(Some(named("gpus-gpu1")), &a),
+            Some(named("gpus-gpu1"))
+        );
+        assert_eq!(to_keep(Some(count(1)), &a), Some(count(1)));
+        assert_eq!(to_keep(None, &a), None);
         assert!(describe(&count(2)).contains("2 any units in request gpu"));
         assert!(describe(&named("gpus-gpu1")).contains("gpus-gpu1 (pool gpus"));
     }

@@ -36,9 +36,10 @@ pub(super) fn left_unused(st: &State, container_id: &str, used: &[String]) -> Ve
     st.origins
         .iter()
         .filter(|(uid, origin)| match origin {
-            Origin::DevicePlugin { user, .. } => {
+            Origin::DevicePlugin(dp) => {
                 used.contains(uid)
-                    || user
+                    || dp
+                        .user
                         .as_ref()
                         .is_some_and(|u| u.container_id == container_id)
             }
@@ -57,17 +58,12 @@ impl Engine {
         st.origins
             .iter()
             .filter_map(|(uid, origin)| match origin {
-                Origin::DevicePlugin {
-                    resource,
-                    device_ids,
-                    allocated_at,
-                    user,
-                } => Some(DevicePluginClaim {
+                Origin::DevicePlugin(dp) => Some(DevicePluginClaim {
                     uid: uid.clone(),
-                    resource: resource.clone(),
-                    device_ids: device_ids.clone(),
-                    allocated_at: *allocated_at,
-                    user: user.clone(),
+                    resource: dp.resource.clone(),
+                    device_ids: dp.device_ids.clone(),
+                    allocated_at: dp.allocated_at,
+                    user: dp.user.clone(),
                     users: st.node.users_of(uid).map(str::to_string).collect(),
                 }),
                 _ => None,
@@ -89,7 +85,7 @@ impl Engine {
         for uid in claims {
             let unbound = matches!(
                 self.state().origins.get(uid),
-                Some(Origin::DevicePlugin { user: None, .. })
+                Some(Origin::DevicePlugin(dp)) if dp.user.is_none()
             );
             if !unbound {
                 continue;
@@ -98,9 +94,10 @@ impl Engine {
             let Some(mut record) = self.journal.record(uid) else {
                 continue;
             };
-            let Origin::DevicePlugin { user, .. } = &mut record.origin else {
+            let Origin::DevicePlugin(dp) = &mut record.origin else {
                 continue;
             };
+            let user = &mut dp.user;
             if user.is_some() || self.state().node.allocation(uid).is_none() {
                 continue;
             }

@@ -40,18 +40,24 @@ pub enum Origin {
     },
     /// A kubelet device plugin's Allocate (docs/device-plugin.md): released when the last
     /// container that used it is removed, when its pod is gone, or when the kubelet hands its
-    /// devices to another container.
-    DevicePlugin {
-        /// The extended resource the kubelet allocated, e.g. `accel.nri.io/whole`.
-        resource: String,
-        /// The kubelet device IDs it allocated, sorted.
-        device_ids: Vec<String>,
-        /// When it was allocated, in seconds since the Unix epoch.
-        allocated_at: u64,
-        /// The first container that used it, once one has.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        user: Option<DevicePluginUser>,
-    },
+    /// devices to another container. Boxed: the other origins are one id or none, and every
+    /// record and origin in memory is as large as the largest variant.
+    DevicePlugin(Box<DevicePluginOrigin>),
+}
+
+/// What a device plugin's claim records of its Allocate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicePluginOrigin {
+    /// The extended resource the kubelet allocated, e.g. `accel.nri.io/whole`.
+    pub resource: String,
+    /// The kubelet device IDs it allocated, sorted.
+    pub device_ids: Vec<String>,
+    /// When it was allocated, in seconds since the Unix epoch.
+    pub allocated_at: u64,
+    /// The first container that used it, once one has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<DevicePluginUser>,
 }
 
 /// The container that first used a device plugin's claim, and its pod.
@@ -70,7 +76,7 @@ impl Origin {
     /// The container this claim lives and dies with, if any.
     pub fn container(&self) -> Option<&str> {
         match self {
-            Origin::ClaimsApi | Origin::DevicePlugin { .. } => None,
+            Origin::ClaimsApi | Origin::DevicePlugin(_) => None,
             Origin::Annotation { container_id } | Origin::Adopted { container_id } => {
                 Some(container_id)
             }

@@ -46,8 +46,7 @@ pub fn holds<'a>(
 ) -> BTreeMap<String, Vec<Hold>> {
     let mut out: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
     for (a, origin) in claims {
-        let ours =
-            matches!(origin, Origin::DevicePlugin { resource: r, .. } if *r == resource.name);
+        let ours = matches!(origin, Origin::DevicePlugin(dp) if dp.resource == resource.name);
         for g in a.results.iter().filter(|g| g.pool == resource.pool) {
             out.entry(g.device_id.clone()).or_default().push(Hold {
                 unit: g.unit.clone(),

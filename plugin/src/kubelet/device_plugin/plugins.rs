@@ -25,7 +25,7 @@ use super::listing::{self, Listed};
 use super::{DevicePluginError, claims};
 use crate::config::DevicePluginConfig;
 use crate::device_health::HealthMonitor;
-use crate::engine::{Engine, Origin};
+use crate::engine::{DevicePluginOrigin, Engine, Origin};
 use crate::gate::Gate;
 use crate::kubelet::{KubeletError, ServedSocket};
 
@@ -314,12 +314,12 @@ impl DevicePlugins {
             name: r.name.clone(),
             ask: Ask::Units(units),
         };
-        let origin = Origin::DevicePlugin {
+        let origin = Origin::DevicePlugin(Box::new(DevicePluginOrigin {
             resource: r.name.clone(),
             device_ids: set.iter().cloned().collect(),
             allocated_at: now,
             user: None,
-        };
+        }));
         let prepared = self
             .engine
             .prepare_as(request, origin)
