@@ -11,10 +11,8 @@
 //!    take a CPU each and the runtime applies the updates pushed, 1,000 more containers start
 //!    unpinned, and the next Synchronize must update exactly those.
 //!
-//! Run (the no-op plugin is a binary of the tests crate):
+//! Run (the no-op plugin is a binary of nri-sim):
 //! `cargo build --release -p nri-sim --bins && cargo bench -p nri-accel --bench scale`.
-//! Part 3's second half fits the checkpoint's commit cap up to about 8,000 containers (run it
-//! with `SCALE_BENCH_CONTAINERS=5000`).
 //! `SCALE_BENCH_DIR` picks where files go (default: the target dir), `SCALE_BENCH_SYNCS` (10)
 //! the Synchronizes per series, `SCALE_BENCH_CONTAINERS` (20000) the size of part 3,
 //! `SCALE_BENCH_SETTLE_MS` the pause after each Synchronize, `SCALE_BENCH_DAEMON` another

@@ -341,3 +341,32 @@ async fn a_removed_containers_pending_update_is_dropped() {
     assert_eq!(report.pending_updates, 1, "dropped durably");
     drop(engine);
 }
+
+/// A claim that takes a CPU from the shared pool on a node with 12,000 containers in that pool
+/// commits an update for each of them with its record (about 1.3 MB with containerd's 64-digit
+/// ids): granted, every update pending durably, and all of them back after a restart. With a
+/// 1 MiB cap per commit such a claim was refused past about 9,000 containers.
+#[tokio::test]
+async fn a_claim_moving_the_shared_pool_of_a_big_node_commits_every_update() {
+    const CONTAINERS: usize = 12_000;
+    let d = dirs();
+    let (engine, _) = open_with(&d, 4, 2, None).unwrap();
+    for i in 0..CONTAINERS {
+        let (adjustment, updates) =
+            engine.container_started(&format!("{i:064x}"), &[], &policies::Placement::unpinned());
+        assert!(adjustment.cpus.is_none() && updates.is_empty());
+    }
+    // No sink: the updates the claim made stay pending.
+    engine
+        .prepare(claim_for("cpu-claim", "gpu0"))
+        .await
+        .expect("a claim moving the shared pool of 12,000 containers is granted");
+    assert_eq!(engine.pending_updates(), CONTAINERS);
+    drop(engine);
+    let (engine, report) = open_with(&d, 4, 2, None).unwrap();
+    assert_eq!(
+        report.pending_updates, CONTAINERS,
+        "committed with the claim"
+    );
+    assert_eq!(engine.claims().len(), 1);
+}

@@ -17,8 +17,10 @@ pub const WAL_MAGIC: [u8; 8] = *b"NRIACWAL";
 pub const FORMAT_VERSION: u32 = 2;
 /// The oldest format version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
-/// The most payload bytes one entry (one commit) may hold.
-pub const MAX_ENTRY_BYTES: usize = 1 << 20;
+/// The most payload bytes one entry (one commit) may hold. A claim that takes CPUs from the
+/// shared pool commits a pending update for every container in that pool with it (about 120
+/// bytes each): 16 MiB holds well over 100,000 containers, and a read is still bounded.
+pub const MAX_ENTRY_BYTES: usize = 16 << 20;
 /// The most bytes a checkpoint file may hold; larger files are refused unread.
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
 /// The most bytes of a boot id stored in a header.
