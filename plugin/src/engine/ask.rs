@@ -6,10 +6,10 @@
 //! idempotent repeat only when it asks for the same thing: the same results (request, pool,
 //! device, in order), the same units (a device plugin's Allocate) or the same count requests.
 //! Anything else is a caller's bug or a claim object recreated under an old UID, and is refused
-//! naming both asks. A count ask is kept in the claim's record so the comparison holds across
-//! restarts; a named or units ask is compared with the results of the allocation, which list
-//! the same devices (so is a record written before asks were kept, whose count asks then cannot
-//! be compared and are answered as repeats).
+//! naming both asks. The ask is kept in the claim's record so the comparison holds across
+//! restarts: a count ask whole, a named or units ask by its kind only, its devices being those
+//! the allocation lists. A record written before asks were kept compares by the results of its
+//! allocation too (count asks then cannot be compared and are answered as repeats).
 
 use policies::{Allocation, Ask, FamilyKind, Node};
 
@@ -34,6 +34,9 @@ pub struct ResultRef<'a> {
 /// allocation when the record keeps no ask).
 pub fn same_ask(recorded: Option<&Ask>, allocation: &Allocation, asked: &Ask) -> bool {
     match (recorded, asked) {
+        // The kind only (see `to_keep`): the list is the allocation's results.
+        (Some(Ask::Named(r)), Ask::Named(_)) if r.is_empty() => same_ask(None, allocation, asked),
+        (Some(Ask::Units(r)), Ask::Units(_)) if r.is_empty() => same_ask(None, allocation, asked),
         (Some(r), a) => r == a,
         (None, Ask::Named(named)) => {
             named.len() == allocation.results.len()
@@ -54,12 +57,16 @@ pub fn same_ask(recorded: Option<&Ask>, allocation: &Allocation, asked: &Ask) ->
     }
 }
 
-/// The ask a claim's record keeps: only a count ask, or one its allocation's results do not
-/// repeat. A named or units ask lists exactly the results the allocation holds, so
-/// [`same_ask`] can compare against those, and 10,000 DRA claims need not keep a second copy of
-/// their device names.
+/// The ask a claim's record keeps. A named or units ask lists exactly the results the
+/// allocation holds, so only its kind is kept (the ask with an empty list, which no Prepare
+/// sends: both are refused empty) and [`same_ask`] compares the allocation's results: 10,000 DRA
+/// claims need not keep a second copy of their device names. A count ask is kept whole.
 pub fn to_keep(ask: Option<Ask>, allocation: &Allocation) -> Option<Ask> {
-    ask.filter(|a| matches!(a, Ask::Count(_)) || !same_ask(None, allocation, a))
+    ask.map(|a| match a {
+        Ask::Named(_) if same_ask(None, allocation, &a) => Ask::Named(Vec::new()),
+        Ask::Units(_) if same_ask(None, allocation, &a) => Ask::Units(Vec::new()),
+        other => other,
+    })
 }
 
 /// A short description of an ask for messages: `devices gpus-gpu0 (pool gpus)` or
@@ -199,7 +206,14 @@ mod tests {
         assert!(!same_ask(None, &a, &named("gpus-gpu1")));
         assert!(same_ask(None, &a, &count(3)));
         // Only what the allocation cannot answer for is kept.
-        assert_eq!(to_keep(Some(named("gpus-gpu0")), &a), None);
+        let kept = to_keep(Some(named("gpus-gpu0")), &a);
+        assert_eq!(kept, Some(Ask::Named(Vec::new())));
+        assert!(same_ask(kept.as_ref(), &a, &named("gpus-gpu0")));
+        assert!(!same_ask(kept.as_ref(), &a, &named("gpus-gpu1")));
+        assert!(
+            !same_ask(kept.as_ref(), &a, &count(1)),
+            "the kind tells a count ask apart"
+        );
         assert_eq!(
             to_keep(Some(named("gpus-gpu1")), &a),
             Some(named("gpus-gpu1"))
