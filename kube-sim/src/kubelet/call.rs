@@ -18,6 +18,19 @@ pub struct GrpcCaller {
     channel: Channel,
 }
 
+/// An error and its causes in one line (tonic's transport error alone says only "transport
+/// error").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 impl GrpcCaller {
     /// Connects to the server on `socket`.
     pub async fn connect(socket: &Path) -> Result<GrpcCaller, SimError> {
@@ -37,7 +50,7 @@ impl GrpcCaller {
                 }
             }))
             .await
-            .map_err(|e| fail(format!("{e:?}")))?;
+            .map_err(|e| fail(with_causes(&e)))?;
         Ok(GrpcCaller {
             socket: socket.to_path_buf(),
             channel,
