@@ -9,6 +9,7 @@ use crate::api::{
 };
 use crate::error::PluginError;
 use crate::events::EventMask;
+use crate::lean_sync::{SyncContainer, SyncDecoding, SyncPod};
 
 /// An NRI plugin. Implement the events you subscribe to in [`Plugin::events`].
 ///
@@ -40,6 +41,24 @@ pub trait Plugin: Send + Sync + 'static {
         &self,
         _pods: &[PodSandbox],
         _containers: &[Container],
+    ) -> Result<Vec<ContainerUpdate>, PluginError> {
+        Ok(Vec::new())
+    }
+
+    /// How this plugin takes Synchronize: whole ([`Plugin::synchronize`], the default) or lean
+    /// ([`Plugin::synchronize_lean`]: the ids, names, devices and cpuset of each pod and
+    /// container, every other field skipped on the wire). Asked once per request.
+    fn synchronize_decoding(&self) -> SyncDecoding {
+        SyncDecoding::Full
+    }
+
+    /// [`Plugin::synchronize`] for a plugin whose [`Plugin::synchronize_decoding`] is
+    /// [`SyncDecoding::Lean`]: called once per connection with every pod and container (paged
+    /// requests reassembled). Returned updates are applied by the runtime.
+    async fn synchronize_lean(
+        &self,
+        _pods: &[SyncPod],
+        _containers: &[SyncContainer],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         Ok(Vec::new())
     }

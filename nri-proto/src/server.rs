@@ -27,6 +27,7 @@ use tokio::io::AsyncReadExt;
 use ttrpc::{Code, MessageHeader, Status};
 
 use crate::api::*;
+use crate::lean_sync::LeanSynchronize;
 use crate::mux::{ConnSender, MuxConn, Next};
 
 /// The service name on the wire.
@@ -294,6 +295,18 @@ macro_rules! plugin_service {
                     -> impl Future<Output = ttrpc::Result<$resp>> + Send;
             )*
 
+            /// Whether Synchronize is decoded lean ([`LeanSynchronize`]) and served by
+            /// [`Rpc::synchronize_lean`].
+            fn lean_synchronize(&self) -> bool {
+                false
+            }
+
+            /// Serves a `Synchronize` decoded lean.
+            fn synchronize_lean(&self, _req: &mut LeanSynchronize)
+                -> impl Future<Output = ttrpc::Result<SynchronizeResponse>> + Send {
+                async { Err(ttrpc::Error::RpcStatus(ttrpc::get_status(Code::UNIMPLEMENTED, "lean Synchronize is not served"))) }
+            }
+
             /// What the server frees once the answer to a `method` request is written: the
             /// decoded request, or a value that frees it and then does more.
             fn spent(&self, _method: &'static str, req: Box<dyn Send>) -> Box<dyn Send> {
@@ -309,6 +322,23 @@ macro_rules! plugin_service {
             payload: &[u8],
         ) -> (Result<Vec<u8>, Status>, Option<Box<dyn Send>>) {
             match method {
+                "Synchronize" if service.lean_synchronize() => {
+                    let mut req = match LeanSynchronize::decode(payload) {
+                        Ok(req) => req,
+                        Err(e) => {
+                            let why = format!("bad Synchronize request: {e}");
+                            return (Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)), None);
+                        }
+                    };
+                    let answer = match service.synchronize_lean(&mut req).await {
+                        Ok(resp) => resp.write_to_bytes().map_err(|e| {
+                            let why = format!("encoding the Synchronize answer: {e}");
+                            ttrpc::get_status(Code::INTERNAL, why)
+                        }),
+                        Err(e) => Err(status_of(e)),
+                    };
+                    (answer, Some(service.spent("Synchronize", Box::new(req))))
+                }
                 $($name => {
                     let mut req = match <$req>::parse_from_bytes(payload) {
                         Ok(req) => req,

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::api::*;
 use crate::error::{PluginError, to_ttrpc};
 use crate::events::valid_mask_for;
+use crate::lean_sync::{LeanSynchronize, SyncContainer, SyncDecoding, SyncPod};
 use crate::plugin::Plugin;
 use crate::server::Rpc;
 use crate::stub::{Notifier, StubEvent};
@@ -16,6 +17,8 @@ use crate::stub::{Notifier, StubEvent};
 struct SyncPages {
     pods: Vec<PodSandbox>,
     containers: Vec<Container>,
+    lean_pods: Vec<SyncPod>,
+    lean_containers: Vec<SyncContainer>,
 }
 
 pub(crate) struct PluginService<P: Plugin> {
@@ -143,6 +146,38 @@ impl<P: Plugin> Rpc for PluginService<P> {
             (all.pods, all.containers)
         };
         let update = self.plugin.synchronize(&pods, &containers).await;
+        let (n_pods, n_containers) = (pods.len(), containers.len());
+        // Handed back to the request, which the server frees after the answer is written.
+        (req.pods, req.containers) = (pods, containers);
+        self.sync_done.store(true, Ordering::Release);
+        let update = lift(update)?;
+        self.notify.send(StubEvent::Synchronized {
+            pods: n_pods,
+            containers: n_containers,
+        });
+        let mut resp = SynchronizeResponse::new();
+        resp.update = update;
+        Ok(resp)
+    }
+
+    fn lean_synchronize(&self) -> bool {
+        self.plugin.synchronize_decoding() == SyncDecoding::Lean
+    }
+
+    async fn synchronize_lean(&self, req: &mut LeanSynchronize) -> R<SynchronizeResponse> {
+        let (pods, containers) = {
+            let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+            pages.lean_pods.append(&mut req.pods);
+            pages.lean_containers.append(&mut req.containers);
+            if req.more {
+                let mut resp = SynchronizeResponse::new();
+                resp.more = true;
+                return Ok(resp);
+            }
+            let all = std::mem::take(&mut *pages);
+            (all.lean_pods, all.lean_containers)
+        };
+        let update = self.plugin.synchronize_lean(&pods, &containers).await;
         let (n_pods, n_containers) = (pods.len(), containers.len());
         // Handed back to the request, which the server frees after the answer is written.
         (req.pods, req.containers) = (pods, containers);

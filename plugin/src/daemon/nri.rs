@@ -23,7 +23,7 @@ use nri_proto::api::{
     LinuxResources, Mount, OptionalInt64, PodSandbox,
 };
 use nri_proto::protobuf::MessageField;
-use nri_proto::{EventMask, Plugin, PluginError};
+use nri_proto::{EventMask, Plugin, PluginError, SyncContainer, SyncDecoding, SyncPod};
 use policies::{CpuSet, Placement};
 
 use super::agent::{Agent, ContainerGrant, Injection};
@@ -146,6 +146,30 @@ pub fn view(pod: &PodSandbox, c: &Container, annotation_prefix: Option<&str>) ->
         placement: Placement {
             cpus: cpu.and_then(|cpu| reported_set(&cpu.cpus)),
             mems: cpu.and_then(|cpu| reported_set(&cpu.mems)),
+        },
+    }
+}
+
+/// The daemon's view of a running container of a lean Synchronize: no pod annotations (the
+/// annotation path reads them only for a container being created).
+pub fn sync_view(pod: &SyncPod, c: &SyncContainer) -> ContainerView {
+    ContainerView {
+        id: c.id.clone(),
+        name: c.name.clone(),
+        pod_namespace: pod.namespace.clone(),
+        pod_name: pod.name.clone(),
+        pod_uid: pod.uid.clone(),
+        pod_annotations: BTreeMap::new(),
+        cdi_devices: c.cdi_devices.clone(),
+        device_nodes: c
+            .devices
+            .iter()
+            .filter(|d| d.kind == "c" || d.kind.is_empty())
+            .filter_map(|d| Some((u32::try_from(d.major).ok()?, u32::try_from(d.minor).ok()?)))
+            .collect(),
+        placement: Placement {
+            cpus: reported_set(&c.cpus),
+            mems: reported_set(&c.mems),
         },
     }
 }
@@ -288,23 +312,28 @@ impl Plugin for NriPlugin {
         Ok(None)
     }
 
-    async fn synchronize(
+    fn synchronize_decoding(&self) -> SyncDecoding {
+        // The daemon reads a few fields of each running container; the rest of a big node's
+        // Synchronize (3 KB a container from containerd's CRI) is skipped on the wire.
+        SyncDecoding::Lean
+    }
+
+    async fn synchronize_lean(
         &self,
-        pods: &[PodSandbox],
-        containers: &[Container],
+        pods: &[SyncPod],
+        containers: &[SyncContainer],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
-        let by_id: BTreeMap<&str, &PodSandbox> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
-        let empty = PodSandbox::new();
+        let by_id: BTreeMap<&str, &SyncPod> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        let empty = SyncPod::default();
         let views: Vec<ContainerView> = containers
             .iter()
             .map(|c| {
-                view(
+                sync_view(
                     by_id
                         .get(c.pod_sandbox_id.as_str())
                         .copied()
                         .unwrap_or(&empty),
                     c,
-                    None,
                 )
             })
             .collect();
