@@ -1,6 +1,7 @@
 //! Every request message of the NRI Plugin service (what the runtime sends), decoded from
 //! arbitrary bytes with protobuf's `parse_from_bytes`; a decoded message must re-encode and
-//! decode to itself.
+//! decode to itself. A Synchronize is also decoded lean (`nri_proto::LeanSynchronize`), which
+//! must agree with the whole decoding on every field it reads.
 #![no_main]
 
 use nri_proto::api::*;
@@ -15,13 +16,93 @@ fn roundtrip<M: Message + PartialEq + std::fmt::Debug>(bytes: &[u8]) {
     }
 }
 
+/// The lean decoding of a Synchronize reads what the whole one reads. On a well-formed request
+/// (the whole decoding's own encoding of what it took) it must succeed; on arbitrary bytes both
+/// may refuse, and rust-protobuf's whole decoding also takes some truncated input (a nested
+/// message cut at the end of the input ends there) that the lean one, which skips the fields it
+/// does not read by their length, refuses. Where both succeed they must agree.
+fn lean_agrees(bytes: &[u8]) {
+    let Ok(whole) = SynchronizeRequest::parse_from_bytes(bytes) else {
+        let _ = nri_proto::LeanSynchronize::decode(bytes);
+        return;
+    };
+    if let Ok(lean) = nri_proto::LeanSynchronize::decode(bytes) {
+        same(&lean, &whole);
+    }
+    let canonical = whole.write_to_bytes().expect("encode a decoded message");
+    let lean = nri_proto::LeanSynchronize::decode(&canonical)
+        .expect("the lean decoding takes a well-formed request");
+    same(&lean, &whole);
+}
+
+fn same(lean: &nri_proto::LeanSynchronize, whole: &SynchronizeRequest) {
+    assert_eq!(lean.more, whole.more);
+    let pods: Vec<_> = whole
+        .pods
+        .iter()
+        .map(|p| {
+            (
+                p.id.clone(),
+                p.name.clone(),
+                p.uid.clone(),
+                p.namespace.clone(),
+            )
+        })
+        .collect();
+    let lean_pods: Vec<_> = lean
+        .pods
+        .iter()
+        .map(|p| {
+            (
+                p.id.clone(),
+                p.name.clone(),
+                p.uid.clone(),
+                p.namespace.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(lean_pods, pods);
+    assert_eq!(lean.containers.len(), whole.containers.len());
+    for (l, w) in lean.containers.iter().zip(&whole.containers) {
+        assert_eq!(
+            (&l.id, &l.pod_sandbox_id, &l.name),
+            (&w.id, &w.pod_sandbox_id, &w.name)
+        );
+        let cdi: Vec<&str> = w.CDI_devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(l.cdi_devices, cdi);
+        let linux = w.linux.as_ref();
+        let devices: Vec<(&str, i64, i64)> = linux
+            .map(|x| {
+                x.devices
+                    .iter()
+                    .map(|d| (d.type_.as_str(), d.major, d.minor))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let lean_devices: Vec<(&str, i64, i64)> = l
+            .devices
+            .iter()
+            .map(|d| (d.kind.as_str(), d.major, d.minor))
+            .collect();
+        assert_eq!(lean_devices, devices);
+        let cpu = linux
+            .and_then(|x| x.resources.as_ref())
+            .and_then(|r| r.cpu.as_ref());
+        assert_eq!(l.cpus, cpu.map(|c| c.cpus.clone()).unwrap_or_default());
+        assert_eq!(l.mems, cpu.map(|c| c.mems.clone()).unwrap_or_default());
+    }
+}
+
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some((&sel, msg)) = data.split_first() else {
         return;
     };
     match sel % 20 {
         0 => roundtrip::<ConfigureRequest>(msg),
-        1 => roundtrip::<SynchronizeRequest>(msg),
+        1 => {
+            roundtrip::<SynchronizeRequest>(msg);
+            lean_agrees(msg);
+        }
         2 => roundtrip::<Empty>(msg),
         3 => roundtrip::<RunPodSandboxRequest>(msg),
         4 => roundtrip::<UpdatePodSandboxRequest>(msg),

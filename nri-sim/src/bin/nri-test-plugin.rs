@@ -4,6 +4,7 @@
 //! `nri-test-plugin --socket PATH`: connect to `PATH` as plugin `test` index `50`.
 //! `nri-test-plugin --echo PATH SIZE`: the benchmark floor; connect to `PATH` and echo
 //! `SIZE`-byte messages until the peer closes.
+//! `NRI_TEST_PLUGIN_SYNC=lean`: take Synchronize decoded lean (`nri_proto::SyncDecoding`).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use async_trait::async_trait;
 use nri_proto::api::{
     Container, ContainerAdjustment, ContainerUpdate, Event, KeyValue, PodSandbox,
 };
-use nri_proto::{EventMask, Plugin, PluginError, Stub};
+use nri_proto::{EventMask, Plugin, PluginError, Stub, SyncContainer, SyncDecoding, SyncPod};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Adds `TEST_PLUGIN=<container id>` to each container; when a container has the annotation
@@ -32,6 +33,25 @@ impl Plugin for TestPlugin {
         &self,
         _pods: &[PodSandbox],
         containers: &[Container],
+    ) -> Result<Vec<ContainerUpdate>, PluginError> {
+        let mut u = ContainerUpdate::new();
+        u.container_id = containers.last().map(|c| c.id.clone()).unwrap_or_default();
+        Ok(vec![u])
+    }
+
+    fn synchronize_decoding(&self) -> SyncDecoding {
+        // NRI_TEST_PLUGIN_SYNC=lean: the scale bench's second baseline, a no-op plugin that
+        // skips on the wire what it does not read, as nri-accel does.
+        match std::env::var("NRI_TEST_PLUGIN_SYNC").as_deref() {
+            Ok("lean") => SyncDecoding::Lean,
+            _ => SyncDecoding::Full,
+        }
+    }
+
+    async fn synchronize_lean(
+        &self,
+        _pods: &[SyncPod],
+        containers: &[SyncContainer],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         let mut u = ContainerUpdate::new();
         u.container_id = containers.last().map(|c| c.id.clone()).unwrap_or_default();
