@@ -36,61 +36,7 @@ fn lean_agrees(bytes: &[u8]) {
 }
 
 fn same(lean: &nri_proto::LeanSynchronize, whole: &SynchronizeRequest) {
-    assert_eq!(lean.more, whole.more);
-    let pods: Vec<_> = whole
-        .pods
-        .iter()
-        .map(|p| {
-            (
-                p.id.clone(),
-                p.name.clone(),
-                p.uid.clone(),
-                p.namespace.clone(),
-            )
-        })
-        .collect();
-    let lean_pods: Vec<_> = lean
-        .pods
-        .iter()
-        .map(|p| {
-            (
-                p.id.clone(),
-                p.name.clone(),
-                p.uid.clone(),
-                p.namespace.clone(),
-            )
-        })
-        .collect();
-    assert_eq!(lean_pods, pods);
-    assert_eq!(lean.containers.len(), whole.containers.len());
-    for (l, w) in lean.containers.iter().zip(&whole.containers) {
-        assert_eq!(
-            (&l.id, &l.pod_sandbox_id, &l.name),
-            (&w.id, &w.pod_sandbox_id, &w.name)
-        );
-        let cdi: Vec<&str> = w.CDI_devices.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(l.cdi_devices, cdi);
-        let linux = w.linux.as_ref();
-        let devices: Vec<(&str, i64, i64)> = linux
-            .map(|x| {
-                x.devices
-                    .iter()
-                    .map(|d| (d.type_.as_str(), d.major, d.minor))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let lean_devices: Vec<(&str, i64, i64)> = l
-            .devices
-            .iter()
-            .map(|d| (d.kind.as_str(), d.major, d.minor))
-            .collect();
-        assert_eq!(lean_devices, devices);
-        let cpu = linux
-            .and_then(|x| x.resources.as_ref())
-            .and_then(|r| r.cpu.as_ref());
-        assert_eq!(l.cpus, cpu.map(|c| c.cpus.clone()).unwrap_or_default());
-        assert_eq!(l.mems, cpu.map(|c| c.mems.clone()).unwrap_or_default());
-    }
+    assert_eq!(*lean, nri_proto::LeanSynchronize::from(whole));
 }
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

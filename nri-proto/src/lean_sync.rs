@@ -16,6 +16,8 @@
 use protobuf::CodedInputStream;
 use protobuf::rt::WireType;
 
+use crate::api::SynchronizeRequest;
+
 /// How a plugin takes the Synchronize request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SyncDecoding {
@@ -80,6 +82,58 @@ pub struct LeanSynchronize {
     pub containers: Vec<SyncContainer>,
     /// More pages follow (3).
     pub more: bool,
+}
+
+impl From<&SynchronizeRequest> for LeanSynchronize {
+    /// The lean form of a request decoded whole: what [`LeanSynchronize::decode`] gives for its
+    /// encoding.
+    fn from(req: &SynchronizeRequest) -> LeanSynchronize {
+        let pods = req
+            .pods
+            .iter()
+            .map(|p| SyncPod {
+                id: p.id.clone(),
+                name: p.name.clone(),
+                uid: p.uid.clone(),
+                namespace: p.namespace.clone(),
+            })
+            .collect();
+        let containers = req
+            .containers
+            .iter()
+            .map(|c| {
+                let linux = c.linux.as_ref();
+                let cpu = linux
+                    .and_then(|l| l.resources.as_ref())
+                    .and_then(|r| r.cpu.as_ref());
+                SyncContainer {
+                    id: c.id.clone(),
+                    pod_sandbox_id: c.pod_sandbox_id.clone(),
+                    name: c.name.clone(),
+                    cdi_devices: c.CDI_devices.iter().map(|d| d.name.clone()).collect(),
+                    devices: linux
+                        .map(|l| {
+                            l.devices
+                                .iter()
+                                .map(|d| SyncDevice {
+                                    kind: d.type_.clone(),
+                                    major: d.major,
+                                    minor: d.minor,
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    cpus: cpu.map(|c| c.cpus.clone()).unwrap_or_default(),
+                    mems: cpu.map(|c| c.mems.clone()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        LeanSynchronize {
+            pods,
+            containers,
+            more: req.more,
+        }
+    }
 }
 
 const LEN: WireType = WireType::LengthDelimited;
@@ -232,7 +286,7 @@ mod tests {
     use super::*;
     use crate::api::{
         CDIDevice, Container, LinuxCPU, LinuxContainer, LinuxDevice, LinuxMemory, LinuxResources,
-        Mount, PodSandbox, SynchronizeRequest,
+        Mount, PodSandbox,
     };
 
     fn full() -> SynchronizeRequest {
@@ -328,6 +382,16 @@ mod tests {
                     ..Default::default()
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn the_lean_form_of_a_whole_request_is_its_lean_decoding() {
+        let req = full();
+        let bytes = req.write_to_bytes().unwrap();
+        assert_eq!(
+            LeanSynchronize::decode(&bytes).unwrap(),
+            LeanSynchronize::from(&req)
         );
     }
 

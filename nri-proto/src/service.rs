@@ -13,12 +13,44 @@ use crate::server::Rpc;
 use crate::stub::{Notifier, StubEvent};
 
 /// Pods and containers of the chunks received so far in a paged Synchronize.
+struct Pages<P, C> {
+    pods: Vec<P>,
+    containers: Vec<C>,
+}
+
+impl<P, C> Default for Pages<P, C> {
+    fn default() -> Self {
+        Pages {
+            pods: Vec::new(),
+            containers: Vec::new(),
+        }
+    }
+}
+
+impl<P, C> Pages<P, C> {
+    /// Takes a page's pods and containers; everything received, once the page is the last.
+    fn add(
+        &mut self,
+        pods: &mut Vec<P>,
+        containers: &mut Vec<C>,
+        more: bool,
+    ) -> Option<(Vec<P>, Vec<C>)> {
+        self.pods.append(pods);
+        self.containers.append(containers);
+        (!more).then(|| {
+            (
+                std::mem::take(&mut self.pods),
+                std::mem::take(&mut self.containers),
+            )
+        })
+    }
+}
+
+/// The pages of a Synchronize decoded whole or lean (a plugin takes one or the other).
 #[derive(Default)]
 struct SyncPages {
-    pods: Vec<PodSandbox>,
-    containers: Vec<Container>,
-    lean_pods: Vec<SyncPod>,
-    lean_containers: Vec<SyncContainer>,
+    whole: Pages<PodSandbox, Container>,
+    lean: Pages<SyncPod, SyncContainer>,
 }
 
 pub(crate) struct PluginService<P: Plugin> {
@@ -39,6 +71,33 @@ impl<P: Plugin> PluginService<P> {
             sync_done: AtomicBool::new(false),
         }
     }
+
+    fn pages(&self) -> std::sync::MutexGuard<'_, SyncPages> {
+        self.pages.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The answer to the last page of a Synchronize of `(pods, containers)`, whose request
+    /// (handed back to it) then tells the plugin once freed.
+    fn synchronized(
+        &self,
+        (pods, containers): (usize, usize),
+        update: Result<Vec<ContainerUpdate>, PluginError>,
+    ) -> R<SynchronizeResponse> {
+        self.sync_done.store(true, Ordering::Release);
+        let update = lift(update)?;
+        self.notify
+            .send(StubEvent::Synchronized { pods, containers });
+        let mut resp = SynchronizeResponse::new();
+        resp.update = update;
+        Ok(resp)
+    }
+}
+
+/// The answer to a page of a Synchronize that more pages follow.
+fn more_pages() -> SynchronizeResponse {
+    let mut resp = SynchronizeResponse::new();
+    resp.more = true;
+    resp
 }
 
 /// The last Synchronize request, which calls [`Plugin::synchronize_freed`] once it is freed.
@@ -133,31 +192,18 @@ impl<P: Plugin> Rpc for PluginService<P> {
     }
 
     async fn synchronize(&self, req: &mut SynchronizeRequest) -> R<SynchronizeResponse> {
-        let (pods, containers) = {
-            let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-            pages.pods.append(&mut req.pods);
-            pages.containers.append(&mut req.containers);
-            if req.more {
-                let mut resp = SynchronizeResponse::new();
-                resp.more = true;
-                return Ok(resp);
-            }
-            let all = std::mem::take(&mut *pages);
-            (all.pods, all.containers)
+        let page = self
+            .pages()
+            .whole
+            .add(&mut req.pods, &mut req.containers, req.more);
+        let Some((pods, containers)) = page else {
+            return Ok(more_pages());
         };
         let update = self.plugin.synchronize(&pods, &containers).await;
-        let (n_pods, n_containers) = (pods.len(), containers.len());
+        let counts = (pods.len(), containers.len());
         // Handed back to the request, which the server frees after the answer is written.
         (req.pods, req.containers) = (pods, containers);
-        self.sync_done.store(true, Ordering::Release);
-        let update = lift(update)?;
-        self.notify.send(StubEvent::Synchronized {
-            pods: n_pods,
-            containers: n_containers,
-        });
-        let mut resp = SynchronizeResponse::new();
-        resp.update = update;
-        Ok(resp)
+        self.synchronized(counts, update)
     }
 
     fn lean_synchronize(&self) -> bool {
@@ -165,31 +211,17 @@ impl<P: Plugin> Rpc for PluginService<P> {
     }
 
     async fn synchronize_lean(&self, req: &mut LeanSynchronize) -> R<SynchronizeResponse> {
-        let (pods, containers) = {
-            let mut pages = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-            pages.lean_pods.append(&mut req.pods);
-            pages.lean_containers.append(&mut req.containers);
-            if req.more {
-                let mut resp = SynchronizeResponse::new();
-                resp.more = true;
-                return Ok(resp);
-            }
-            let all = std::mem::take(&mut *pages);
-            (all.lean_pods, all.lean_containers)
+        let page = self
+            .pages()
+            .lean
+            .add(&mut req.pods, &mut req.containers, req.more);
+        let Some((pods, containers)) = page else {
+            return Ok(more_pages());
         };
         let update = self.plugin.synchronize_lean(&pods, &containers).await;
-        let (n_pods, n_containers) = (pods.len(), containers.len());
-        // Handed back to the request, which the server frees after the answer is written.
+        let counts = (pods.len(), containers.len());
         (req.pods, req.containers) = (pods, containers);
-        self.sync_done.store(true, Ordering::Release);
-        let update = lift(update)?;
-        self.notify.send(StubEvent::Synchronized {
-            pods: n_pods,
-            containers: n_containers,
-        });
-        let mut resp = SynchronizeResponse::new();
-        resp.update = update;
-        Ok(resp)
+        self.synchronized(counts, update)
     }
 
     fn spent(&self, method: &'static str, req: Box<dyn Send>) -> Box<dyn Send> {

@@ -134,13 +134,11 @@ pub fn view(pod: &PodSandbox, c: &Container, annotation_prefix: Option<&str>) ->
         cdi_devices: c.CDI_devices.iter().map(|d| d.name.clone()).collect(),
         device_nodes: linux
             .map(|l| {
-                l.devices
-                    .iter()
-                    .filter(|d| d.type_ == "c" || d.type_.is_empty())
-                    .filter_map(|d| {
-                        Some((u32::try_from(d.major).ok()?, u32::try_from(d.minor).ok()?))
-                    })
-                    .collect()
+                char_devices(
+                    l.devices
+                        .iter()
+                        .map(|d| (d.type_.as_str(), d.major, d.minor)),
+                )
             })
             .unwrap_or_default(),
         placement: Placement {
@@ -161,17 +159,27 @@ pub fn sync_view(pod: &SyncPod, c: &SyncContainer) -> ContainerView {
         pod_uid: pod.uid.clone(),
         pod_annotations: BTreeMap::new(),
         cdi_devices: c.cdi_devices.clone(),
-        device_nodes: c
-            .devices
-            .iter()
-            .filter(|d| d.kind == "c" || d.kind.is_empty())
-            .filter_map(|d| Some((u32::try_from(d.major).ok()?, u32::try_from(d.minor).ok()?)))
-            .collect(),
+        device_nodes: char_devices(
+            c.devices
+                .iter()
+                .map(|d| (d.kind.as_str(), d.major, d.minor)),
+        ),
         placement: Placement {
             cpus: reported_set(&c.cpus),
             mems: reported_set(&c.mems),
         },
     }
+}
+
+/// (major, minor) of the character devices among `(type, major, minor)` (a device without a
+/// type counts as one), numbers out of range left out.
+fn char_devices<'a>(devices: impl Iterator<Item = (&'a str, i64, i64)>) -> Vec<(u32, u32)> {
+    devices
+        .filter(|(kind, _, _)| *kind == "c" || kind.is_empty())
+        .filter_map(|(_, major, minor)| {
+            Some((u32::try_from(major).ok()?, u32::try_from(minor).ok()?))
+        })
+        .collect()
 }
 
 /// A cpuset or memory-node list as the runtime reports it: `None` when empty (not pinned). A
