@@ -103,12 +103,10 @@ fn parse_version(v: &str) -> (u32, u32, u32) {
     )
 }
 
-/// The agent's view of an NRI container. The pod's annotations are copied only where the
-/// annotation path may read them: those under `annotation_prefix` when one is given (a
-/// container being created), none otherwise (the running containers of a Synchronize, where a
-/// CRI pod's few kilobytes of annotations would be copied for every container and read by
-/// nothing).
-pub fn view(pod: &PodSandbox, c: &Container, annotation_prefix: Option<&str>) -> ContainerView {
+/// The agent's view of a container being created. Of the pod's annotations only those the
+/// annotation path reads are copied: those under `annotation_prefix` (a CRI pod carries a few
+/// kilobytes of others). The running containers of a Synchronize have [`sync_view`].
+pub fn view(pod: &PodSandbox, c: &Container, annotation_prefix: &str) -> ContainerView {
     let linux = c.linux.as_ref();
     let cpu = linux
         .and_then(|l| l.resources.as_ref())
@@ -119,18 +117,15 @@ pub fn view(pod: &PodSandbox, c: &Container, annotation_prefix: Option<&str>) ->
         pod_namespace: pod.namespace.clone(),
         pod_name: pod.name.clone(),
         pod_uid: pod.uid.clone(),
-        pod_annotations: annotation_prefix
-            .map(|prefix| {
-                pod.annotations
-                    .iter()
-                    .filter(|(k, _)| {
-                        k.strip_prefix(prefix)
-                            .is_some_and(|rest| rest.starts_with('/'))
-                    })
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect::<BTreeMap<_, _>>()
+        pod_annotations: pod
+            .annotations
+            .iter()
+            .filter(|(k, _)| {
+                k.strip_prefix(annotation_prefix)
+                    .is_some_and(|rest| rest.starts_with('/'))
             })
-            .unwrap_or_default(),
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         cdi_devices: c.CDI_devices.iter().map(|d| d.name.clone()).collect(),
         device_nodes: linux
             .map(|l| {
@@ -406,7 +401,7 @@ impl Plugin for NriPlugin {
         pod: &PodSandbox,
         container: &Container,
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
-        let v = view(pod, container, Some(self.agent.annotation_prefix()));
+        let v = view(pod, container, self.agent.annotation_prefix());
         let started = std::time::Instant::now();
         let injection = self.injection();
         let result = if self.agent.may_prepare(&v) {
