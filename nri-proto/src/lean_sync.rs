@@ -232,20 +232,23 @@ fn linux_container(is: &mut CodedInputStream<'_>, c: &mut SyncContainer) -> prot
     })
 }
 
-/// `LinuxResources`: its cpu (2), of which `cpus` (6) and `mems` (7).
+/// `LinuxResources`: its cpu (2).
 fn resources(is: &mut CodedInputStream<'_>, c: &mut SyncContainer) -> protobuf::Result<()> {
     fields(is, |is, field, wire| {
         match (field, wire) {
-            (2, LEN) => message(is, |is| {
-                fields(is, |is, field, wire| {
-                    match (field, wire) {
-                        (6, LEN) => c.cpus = is.read_string()?,
-                        (7, LEN) => c.mems = is.read_string()?,
-                        _ => is.skip_field(wire)?,
-                    }
-                    Ok(())
-                })
-            })?,
+            (2, LEN) => message(is, |is| linux_cpu(is, c))?,
+            _ => is.skip_field(wire)?,
+        }
+        Ok(())
+    })
+}
+
+/// `LinuxCPU`: its `cpus` (6) and `mems` (7).
+fn linux_cpu(is: &mut CodedInputStream<'_>, c: &mut SyncContainer) -> protobuf::Result<()> {
+    fields(is, |is, field, wire| {
+        match (field, wire) {
+            (6, LEN) => c.cpus = is.read_string()?,
+            (7, LEN) => c.mems = is.read_string()?,
             _ => is.skip_field(wire)?,
         }
         Ok(())

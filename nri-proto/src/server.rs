@@ -253,10 +253,7 @@ fn panicked(method: &str, stream_id: u32, panic: &(dyn std::any::Any + Send)) ->
 }
 
 /// Runs one request under its deadline (`timeout_nano`; a handler past it is stopped).
-async fn run<S: Rpc>(
-    service: &S,
-    env: Envelope<'_>,
-) -> (Result<Vec<u8>, Status>, Option<Box<dyn Send>>) {
+async fn run<S: Rpc>(service: &S, env: Envelope<'_>) -> Served {
     let call = call(service, env.method, env.payload);
     if env.timeout_nano <= 0 {
         return call.await;
@@ -281,6 +278,27 @@ fn status_of(e: ttrpc::Error) -> Status {
     }
 }
 
+/// A request served: the encoded answer (or the status to answer), and the decoded request for
+/// the caller to free once the answer is written.
+type Served = (Result<Vec<u8>, Status>, Option<Box<dyn Send>>);
+
+/// The answer to a `method` request that does not decode.
+fn bad_request(method: &str, e: protobuf::Error) -> Served {
+    let why = format!("bad {method} request: {e}");
+    (Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)), None)
+}
+
+/// A handler's answer to a `method` request, encoded.
+fn encoded<M: Message>(method: &str, answer: ttrpc::Result<M>) -> Result<Vec<u8>, Status> {
+    match answer {
+        Ok(resp) => resp.write_to_bytes().map_err(|e| {
+            let why = format!("encoding the {method} answer: {e}");
+            ttrpc::get_status(Code::INTERNAL, why)
+        }),
+        Err(e) => Err(status_of(e)),
+    }
+}
+
 /// Declares the service trait the server calls and the dispatch onto it, from one list of
 /// (method name, handler, request, response).
 macro_rules! plugin_service {
@@ -297,15 +315,11 @@ macro_rules! plugin_service {
 
             /// Whether Synchronize is decoded lean ([`LeanSynchronize`]) and served by
             /// [`Rpc::synchronize_lean`].
-            fn lean_synchronize(&self) -> bool {
-                false
-            }
+            fn lean_synchronize(&self) -> bool;
 
             /// Serves a `Synchronize` decoded lean.
-            fn synchronize_lean(&self, _req: &mut LeanSynchronize)
-                -> impl Future<Output = ttrpc::Result<SynchronizeResponse>> + Send {
-                async { Err(ttrpc::Error::RpcStatus(ttrpc::get_status(Code::UNIMPLEMENTED, "lean Synchronize is not served"))) }
-            }
+            fn synchronize_lean(&self, req: &mut LeanSynchronize)
+                -> impl Future<Output = ttrpc::Result<SynchronizeResponse>> + Send;
 
             /// What the server frees once the answer to a `method` request is written: the
             /// decoded request, or a value that frees it and then does more.
@@ -320,40 +334,22 @@ macro_rules! plugin_service {
             service: &S,
             method: &str,
             payload: &[u8],
-        ) -> (Result<Vec<u8>, Status>, Option<Box<dyn Send>>) {
+        ) -> Served {
             match method {
                 "Synchronize" if service.lean_synchronize() => {
                     let mut req = match LeanSynchronize::decode(payload) {
                         Ok(req) => req,
-                        Err(e) => {
-                            let why = format!("bad Synchronize request: {e}");
-                            return (Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)), None);
-                        }
+                        Err(e) => return bad_request("Synchronize", e),
                     };
-                    let answer = match service.synchronize_lean(&mut req).await {
-                        Ok(resp) => resp.write_to_bytes().map_err(|e| {
-                            let why = format!("encoding the Synchronize answer: {e}");
-                            ttrpc::get_status(Code::INTERNAL, why)
-                        }),
-                        Err(e) => Err(status_of(e)),
-                    };
+                    let answer = encoded("Synchronize", service.synchronize_lean(&mut req).await);
                     (answer, Some(service.spent("Synchronize", Box::new(req))))
                 }
                 $($name => {
                     let mut req = match <$req>::parse_from_bytes(payload) {
                         Ok(req) => req,
-                        Err(e) => {
-                            let why = format!("bad {} request: {e}", $name);
-                            return (Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)), None);
-                        }
+                        Err(e) => return bad_request($name, e),
                     };
-                    let answer = match service.$f(&mut req).await {
-                        Ok(resp) => resp.write_to_bytes().map_err(|e| {
-                            let why = format!("encoding the {} answer: {e}", $name);
-                            ttrpc::get_status(Code::INTERNAL, why)
-                        }),
-                        Err(e) => Err(status_of(e)),
-                    };
+                    let answer = encoded($name, service.$f(&mut req).await);
                     (answer, Some(service.spent($name, Box::new(req))))
                 })*
                 other => {

@@ -121,13 +121,13 @@ async fn runtime(socket: &Path, pods: &[PodSandbox], containers: &[Container]) -
     rt
 }
 
-/// The no-op plugin process, connected to `rt` and synchronized.
 /// How the no-op plugin decodes Synchronize: whole (the default, as every plugin on NRI's Go
 /// stub does) or, with `SCALE_BENCH_NOOP_SYNC=lean`, lean as the daemon does.
 fn noop_sync() -> String {
     std::env::var("SCALE_BENCH_NOOP_SYNC").unwrap_or_else(|_| "full".into())
 }
 
+/// The no-op plugin process, connected to `rt` and synchronized.
 struct Noop {
     child: Child,
 }

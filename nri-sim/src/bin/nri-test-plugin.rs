@@ -15,6 +15,14 @@ use nri_proto::api::{
 use nri_proto::{EventMask, Plugin, PluginError, Stub, SyncContainer, SyncDecoding, SyncPod};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Synchronize's answer: an empty update of the last container, so that a test sees the
+/// answer reached the runtime.
+fn touch_last(container_id: Option<&str>) -> Vec<ContainerUpdate> {
+    let mut u = ContainerUpdate::new();
+    u.container_id = container_id.unwrap_or_default().to_string();
+    vec![u]
+}
+
 /// Adds `TEST_PLUGIN=<container id>` to each container; when a container has the annotation
 /// `test/adjust-bytes: N`, the adjustment carries an env value of N bytes.
 struct TestPlugin;
@@ -34,9 +42,7 @@ impl Plugin for TestPlugin {
         _pods: &[PodSandbox],
         containers: &[Container],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
-        let mut u = ContainerUpdate::new();
-        u.container_id = containers.last().map(|c| c.id.clone()).unwrap_or_default();
-        Ok(vec![u])
+        Ok(touch_last(containers.last().map(|c| c.id.as_str())))
     }
 
     fn synchronize_decoding(&self) -> SyncDecoding {
@@ -53,9 +59,7 @@ impl Plugin for TestPlugin {
         _pods: &[SyncPod],
         containers: &[SyncContainer],
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
-        let mut u = ContainerUpdate::new();
-        u.container_id = containers.last().map(|c| c.id.clone()).unwrap_or_default();
-        Ok(vec![u])
+        Ok(touch_last(containers.last().map(|c| c.id.as_str())))
     }
 
     async fn create_container(

@@ -109,7 +109,7 @@ impl Engine {
             let origin = record.origin.clone();
             self.commit(uid, vec![Change::PutRecord(uid.clone(), record)])
                 .await?;
-            self.state().origins.insert(uid.clone(), origin);
+            self.state().set_origin(uid, origin);
             tracing::info!(claim = %uid, container = %container_id, pod = %pod,
                 "a container uses a device plugin allocation");
         }

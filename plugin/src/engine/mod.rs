@@ -102,6 +102,17 @@ struct State {
     origins: BTreeMap<String, Origin>,
 }
 
+impl State {
+    /// Records where committed claim `uid` came from (see `origins`).
+    fn set_origin(&mut self, uid: &str, origin: Origin) {
+        if origin == Origin::ClaimsApi {
+            self.origins.remove(uid);
+        } else {
+            self.origins.insert(uid.to_string(), origin);
+        }
+    }
+}
+
 /// The claim engine. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Engine {
     state: Mutex<State>,
@@ -228,23 +239,29 @@ impl Engine {
             })?;
             tracing::warn!(claim = %uid, "removed an orphan CDI spec (spec without record)");
         }
-        let kept: Vec<&ClaimRecord> = plan.restore.iter().filter_map(|u| records.get(u)).collect();
-        let allocations: Vec<Arc<Allocation>> = kept.iter().map(|r| r.allocation.clone()).collect();
-        node.restore_shared(&allocations)
-            .map_err(|e| EngineError::Restore(e.to_string()))?;
-        let origins = plan
+        let kept: Vec<(&String, &ClaimRecord)> = plan
             .restore
             .iter()
-            .filter_map(|u| records.get(u).map(|r| (u.clone(), r.origin.clone())))
-            .filter(|(_, o)| *o != Origin::ClaimsApi)
+            .filter_map(|u| Some((u, records.get(u)?)))
             .collect();
+        let allocations: Vec<Arc<Allocation>> =
+            kept.iter().map(|(_, r)| r.allocation.clone()).collect();
+        node.restore_shared(&allocations)
+            .map_err(|e| EngineError::Restore(e.to_string()))?;
+        let mut state = State {
+            node,
+            seq: journal.pending().values().map(|p| p.seq).max().unwrap_or(0),
+            origins: BTreeMap::new(),
+        };
+        for (uid, record) in kept {
+            state.set_origin(uid, record.origin.clone());
+        }
         let pending_updates = journal.pending_count();
-        let seq = journal.pending().values().map(|p| p.seq).max().unwrap_or(0);
         if !specs.dir_still_at_path() {
             tracing::warn!(dir = %specs.dir().display(), "the CDI directory was replaced since it was opened");
         }
         let engine = Engine {
-            state: Mutex::new(State { node, seq, origins }),
+            state: Mutex::new(state),
             journal: Arc::new(journal),
             specs: Arc::new(specs),
             claims: ClaimLocks::default(),
@@ -354,9 +371,7 @@ impl Engine {
             if !outcome.already {
                 // Set with the allocation, so memory never shows the claim with another origin
                 // than its record's, whatever happens to the caller after the commit.
-                if origin != Origin::ClaimsApi {
-                    st.origins.insert(uid.to_string(), origin.clone());
-                }
+                st.set_origin(uid, origin.clone());
             }
             st.seq += 1;
             (outcome, st.seq)

@@ -59,7 +59,7 @@ impl Engine {
         let seq = self
             .commit(uid, vec![Change::PutRecord(uid.to_string(), record)])
             .await?;
-        self.state().origins.insert(uid.to_string(), origin);
+        self.state().set_origin(uid, origin);
         // The spec must carry the stamp of the record's commit, or reconciliation would take it
         // for the spec of an earlier, released grant.
         self.grant(uid, &allocation, Some(seq)).await?;
