@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the real peers of the end-to-end suite from their published Go modules, at the release
+# each tests/peers/<name>-<version>/go.mod pins (go.sum verifies every module), into a cache outside
+# the checkout keyed by module and version. A cached build is reused; a missing module, a failed
+# build or a missing binary fails loudly. Usage: build.sh <name>-<version>... (e.g. containerd-v1.7.0)
+# Prints one line per peer: <peer> <bin dir>. Env: NRI_ACCEL_PEER_CACHE (default
+# /var/cache/nri-accel/peers).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${NRI_ACCEL_PEER_CACHE:-/var/cache/nri-accel/peers}"
+tags=no_btrfs,no_devmapper,no_zfs
+
+# Debian's runc 1.1.5 and busybox-static (the test image) come from apt.
+need=()
+command -v runc >/dev/null || need+=(runc)
+[ -x /bin/busybox ] || need+=(busybox-static)
+if [ "${#need[@]}" -gt 0 ]; then
+    echo "installing ${need[*]} from Debian" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
+fi
+
+[ "$#" -gt 0 ] || { echo "usage: $0 <peer>-<version>... (dirs under $here)" >&2; exit 2; }
+for peer in "$@"; do
+    dir="$here/$peer"
+    [ -f "$dir/go.mod" ] || { echo "no pinned peer $peer ($dir/go.mod missing)" >&2; exit 1; }
+    # The pinned module and version: the module of the peer's tools (one per peer).
+    mod=$(cd "$dir" && go list -f '{{.Module.Path}}@{{.Module.Version}}' tool | sort -u)
+    [ "$(wc -l <<<"$mod")" = 1 ] || { echo "$peer: its tools come from several modules: $mod" >&2; exit 1; }
+    out="$cache/$mod"
+    if [ -f "$out/.complete" ]; then
+        echo "$peer $out/bin"
+        continue
+    fi
+    echo "building $mod into $out" >&2
+    rm -rf "$out" && mkdir -p "$out/bin"
+    tools=$(cd "$dir" && go list -f '{{.ImportPath}}' tool)
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    (cd "$dir" && CGO_ENABLED=0 go build -mod=readonly -trimpath -tags "$tags" -o "$out/bin/" $tools) >&2
+    for t in $tools; do
+        [ -x "$out/bin/$(basename "$t")" ] || { echo "build of $mod made no $(basename "$t")" >&2; exit 1; }
+    done
+    echo "built $mod in $(($(date +%s) - start)) s" >&2
+    touch "$out/.complete"
+    echo "$peer $out/bin"
+done
