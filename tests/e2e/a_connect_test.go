@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // Scenario a, external: nri-accel connects to containerd's NRI socket, Synchronize completes and
@@ -18,17 +19,42 @@ func TestA_ExternalPluginConnects(t *testing.T) {
 		}
 		p := n.mustRunPod(t, "plain", nil)
 		n.mustRun(t, p, "app")
-		if !fileContains(n.Accel.Log, "") {
-			t.Fatal("nri-accel wrote no log")
+		if !fileContains(n.Accel.Log, "synchronized with the runtime") {
+			t.Errorf("nri-accel's log does not say it synchronized:\n%s", tail(n.Accel.Log, 20))
 		}
 	})
 }
 
 // Scenario a, launched: containerd starts nri-accel itself from its NRI plugin path (a wrapper
 // named 10-accel) with the config in its NRI plugin config dir; the gate opens and a grant works.
+// containerd 1.7.0 (NRI v0.3.0) configures the plugins it launches but never sends them
+// Synchronize (NRI v0.8.0 does): there the gate must stay closed and no device may be granted
+// blind.
 func TestA_LaunchedByContainerd(t *testing.T) {
 	eachVersionAndMode(t, func(t *testing.T, v, mode string) {
 		n := startNodeLaunched(t, v, mode)
+		if nriOf[v] == "v0.3.0" {
+			if !waitFor(30*time.Second, func() bool { return fileContains(n.Accel.Log, "configured by the runtime") }) {
+				t.Fatalf("containerd did not configure the plugin it launched:\n%s", tail(n.Accel.Log, 20))
+			}
+			time.Sleep(3 * time.Second)
+			if st := n.status(t); st.GateOpen() {
+				t.Fatal("the gate opened without Synchronize")
+			}
+			p := n.mustRunPod(t, "launched", annotation("app", exclusiveAsk))
+			id, err := n.CRI.Run(p, "app")
+			t.Logf("NRI v0.3.0, launched plugin, gate closed: an annotated container's create/start says %v", err)
+			if err == nil {
+				if _, serr := n.CRI.Exec(id, "stat", n.Devs.Path(0)); serr == nil {
+					t.Error("a device was granted with the gate closed")
+				}
+			}
+			if len(n.Accel.SpecFiles()) != 0 {
+				t.Errorf("specs written with the gate closed: %v", n.Accel.SpecFiles())
+			}
+			return
+		}
+		n.Accel.WaitGate(t)
 		st := n.status(t)
 		if !st.GateOpen() {
 			t.Fatalf("gate closed: %v", st)
@@ -67,6 +93,5 @@ func startNodeLaunched(t *testing.T, v, mode string) *Node {
 	n.Ctd.Start(t)
 	n.Ctd.ImportImage(t)
 	n.connectCRI(t)
-	n.Accel.WaitGate(t)
 	return n
 }

@@ -61,7 +61,8 @@ func TestG_ContainerdRestart(t *testing.T) {
 		if !waitFor(10*time.Second, func() bool { st, _ := n.Accel.Status(); return st != nil && len(st.Claims()) == 0 }) {
 			t.Fatalf("no release after containerd's restart: %v", n.status(t).Claims())
 		}
-		id, err := n.CRI.Run(p, "again")
+		again := n.mustRunPod(t, "again", annotation("app", exclusiveAsk))
+		id, err := n.CRI.Run(again, "app")
 		if err != nil {
 			t.Fatalf("a grant after containerd's restart: %v", err)
 		}
