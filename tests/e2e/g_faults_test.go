@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +96,34 @@ func TestG_PodWhileNriAccelDown(t *testing.T) {
 		if !waitFor(10*time.Second, func() bool { return fileContains(n.Accel.Log, id) || fileContains(n.Accel.Log, id[:12]) }) {
 			t.Errorf("after the restart nri-accel's log does not name container %s, whose ask is unmet:\n%s", id,
 				strings.TrimSpace(tail(n.Accel.Log, 15)))
+		}
+	})
+}
+
+// Scenario g3, made required (containerd 2.2 and newer): with the default validator requiring
+// plugin "accel", creates are refused while nri-accel is down instead of running without the
+// device. Records how many creates pass before containerd notices the plugin is gone.
+func TestG_RequiredPluginWhileDown(t *testing.T) {
+	eachVersion(t, func(t *testing.T, v string) {
+		if !(&Containerd{Version: v}).hasValidator() {
+			t.Skipf("containerd %s has no NRI adjustment validation (2.2 and newer do)", v)
+		}
+		n := startNode(t, v, "device-nodes", NodeOptions{Validator: true, RequiredPlugins: []string{"accel"}})
+		p := n.mustRunPod(t, "first", annotation("app", exclusiveAsk))
+		n.mustRun(t, p, "app")
+		n.Accel.Stop()
+		passed := 0
+		var err error
+		for i := 0; i < 5; i++ {
+			q := n.mustRunPod(t, fmt.Sprintf("down-%d", i), nil)
+			if _, err = n.CRI.CreateContainer(q, "app"); err != nil {
+				break
+			}
+			passed++
+		}
+		t.Logf("required plugin down: %d create(s) passed before the refusal %v", passed, err)
+		if err == nil || !strings.Contains(err.Error(), `required plugin "accel" not present`) {
+			t.Errorf("5 creates with the required plugin down: the last error is %v", err)
 		}
 	})
 }
