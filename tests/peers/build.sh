@@ -3,8 +3,9 @@
 # each tests/peers/<name>-<version>/go.mod pins (go.sum verifies every module), into a cache outside
 # the checkout keyed by module and version. A cached build is reused; a missing module, a failed
 # build or a missing binary fails loudly. Usage: build.sh <name>-<version>... (e.g. containerd-v1.7.0)
-# A peer's optional build.env sets cgo (0/1), tags and the Debian packages (apt) its build needs;
-# the default is containerd's: CGO_ENABLED=0 and no_btrfs,no_devmapper,no_zfs.
+# A peer's optional build.env sets cgo (0/1), tags and the Debian packages (apt) its build needs,
+# and may define post_build <bin dir> <module dir> for what is not Go (CRI-O's pinns); the default
+# is containerd's: CGO_ENABLED=0 and no_btrfs,no_devmapper,no_zfs.
 # Prints one line per peer: <peer> <bin dir>. Env: NRI_ACCEL_PEER_CACHE (default
 # /var/cache/nri-accel/peers).
 set -euo pipefail
@@ -25,6 +26,7 @@ for peer in "$@"; do
     dir="$here/$peer"
     [ -f "$dir/go.mod" ] || { echo "no pinned peer $peer ($dir/go.mod missing)" >&2; exit 1; }
     cgo=0 tags=no_btrfs,no_devmapper,no_zfs apt=""
+    unset -f post_build
     # shellcheck disable=SC1091
     [ -f "$dir/build.env" ] && . "$dir/build.env"
     missing=()
@@ -50,6 +52,9 @@ for peer in "$@"; do
     for t in $tools; do
         [ -x "$out/bin/$(basename "$t")" ] || { echo "build of $mod made no $(basename "$t")" >&2; exit 1; }
     done
+    if declare -F post_build >/dev/null; then
+        post_build "$out/bin" "$(cd "$dir" && go list -m -f '{{.Dir}}' "${mod%@*}")" >&2
+    fi
     echo "built $mod in $(($(date +%s) - start)) s" >&2
     touch "$out/.complete"
     echo "$peer $out/bin"
