@@ -54,6 +54,15 @@ func newContainerd(t *testing.T, version, dir, cdiDir string) *Containerd {
 	return c
 }
 
+// CRISocket is containerd's gRPC socket.
+func (c *Containerd) CRISocket() string { return c.Socket }
+
+// NRISocket is containerd's NRI socket.
+func (c *Containerd) NRISocket() string { return c.NRISock }
+
+// Files are containerd's log and config.
+func (c *Containerd) Files() []string { return []string{c.Log, c.Config} }
+
 // is1x reports whether this containerd reads config version 2 (1.x).
 func (c *Containerd) is1x() bool { return strings.HasPrefix(c.Version, "v1.") }
 

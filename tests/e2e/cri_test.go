@@ -74,7 +74,8 @@ func (c *CRI) RunPod(name string, annotations map[string]string) (*Pod, error) {
 		LogDirectory: "",
 		Linux: &cri.LinuxPodSandboxConfig{
 			SecurityContext: &cri.LinuxSandboxSecurityContext{
-				NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
+				// As the kubelet sets them for a hostNetwork pod without shareProcessNamespace.
+				NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE, Pid: cri.NamespaceMode_CONTAINER},
 			},
 		},
 	}
@@ -96,14 +97,16 @@ func (c *CRI) CreateContainer(pod *Pod, name string) (string, error) {
 func (c *CRI) CreateContainerAnnotated(pod *Pod, name string, annotations map[string]string) (string, error) {
 	cfg := &cri.ContainerConfig{
 		Metadata:    &cri.ContainerMetadata{Name: name},
-		Image:       &cri.ImageSpec{Image: imageRef},
+		Image:       &cri.ImageSpec{Image: imageRef, UserSpecifiedImage: imageRef},
 		Annotations: annotations,
 		Labels: map[string]string{
 			"io.kubernetes.container.name": name,
 			"io.kubernetes.pod.name":       pod.Config.Metadata.Name,
 			"io.kubernetes.pod.namespace":  pod.Config.Metadata.Namespace,
 		},
-		Linux: &cri.LinuxContainerConfig{},
+		Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{
+			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE, Pid: cri.NamespaceMode_CONTAINER},
+		}},
 	}
 	ctx, cancel := c.ctx()
 	defer cancel()
@@ -150,14 +153,26 @@ func (c *CRI) RemoveContainer(id string) error {
 	return err
 }
 
-// RemovePod stops and removes a pod sandbox with its containers.
+// RemovePod stops and removes a pod sandbox with its containers. Its containers are stopped
+// with SIGKILL first (CRI-O's StopPodSandbox would give them a grace period).
 func (c *CRI) RemovePod(id string) error {
 	ctx, cancel := c.ctx()
 	defer cancel()
+	list, err := c.rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{PodSandboxId: id}})
+	if err != nil {
+		return err
+	}
+	for _, ctr := range list.Containers {
+		if ctr.State == cri.ContainerState_CONTAINER_RUNNING {
+			if _, err := c.rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: ctr.Id, Timeout: 0}); err != nil {
+				return err
+			}
+		}
+	}
 	if _, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 		return err
 	}
-	_, err := c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id})
+	_, err = c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id})
 	return err
 }
 

@@ -51,7 +51,7 @@ func TestI_ConcurrentChurn(t *testing.T) {
 			cancel()
 		}
 		// Every CRI call of the churn has a deadline: past it, containerd is taken as hung.
-		cri, err := dialCRI(n.Ctd.Socket)
+		cri, err := dialCRI(n.RT.CRISocket())
 		must(t, err)
 		defer cri.Close()
 		cri.Timeout = 30 * time.Second
@@ -88,7 +88,7 @@ func TestI_ConcurrentChurn(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; ctx.Err() == nil; i++ {
-				hc, err := dialCRI(n.Ctd.Socket)
+				hc, err := dialCRI(n.RT.CRISocket())
 				if err != nil {
 					fail("health: dial: %v", err)
 					return
@@ -122,7 +122,7 @@ func TestI_ConcurrentChurn(t *testing.T) {
 		t.Logf("churn on %s/%s: %d loops, %d s: %d grants, %d refusals, %d health checks",
 			v, mode, loops, seconds, grants.Load(), refusals.Load(), healthChecks.Load())
 		if len(failures) > 0 {
-			n.Ctd.Dump()
+			n.RT.Dump()
 			t.Fatalf("churn failed (%d grants before): %s", grants.Load(), strings.Join(failures, "\n"))
 		}
 		if grants.Load() == 0 {

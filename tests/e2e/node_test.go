@@ -18,9 +18,34 @@ type Node struct {
 	Mode    string
 	Dir     string
 	Devs    *fakeDevices
-	Ctd     *Containerd
-	Accel   *Accel
-	CRI     *CRI
+	// RT is the runtime under test; Ctd is the same runtime when it is containerd (else nil).
+	RT    Runtime
+	Ctd   *Containerd
+	Accel *Accel
+	CRI   *CRI
+}
+
+// Runtime is a container runtime under test (containerd or CRI-O) with its own dirs and sockets.
+type Runtime interface {
+	// Start runs it and waits until its CRI answers.
+	Start(t *testing.T)
+	// ImportImage makes the suite's busybox image (also the sandbox image) available.
+	ImportImage(t *testing.T)
+	// Stop stops it (SIGTERM, then SIGKILL); running containers stay.
+	Stop()
+	// Kill ends it at once.
+	Kill()
+	// Dump has it write its goroutine dump to its log.
+	Dump()
+	// Running reports whether its process is alive.
+	Running() bool
+	// Cleanup removes what it left: containers, monitors, mounts.
+	Cleanup()
+	// CRISocket and NRISocket are its sockets.
+	CRISocket() string
+	NRISocket() string
+	// Files are its log and config, kept when a test fails.
+	Files() []string
 }
 
 // NodeOptions change a node before it starts.
@@ -61,13 +86,18 @@ func startNode(t *testing.T, version, mode string, opts NodeOptions) *Node {
 	n.Devs = mkDevices(t, 8)
 	accelDir := filepath.Join(dir, "accel")
 	must(t, os.MkdirAll(accelDir, 0o755))
-	n.Ctd = newContainerd(t, version, filepath.Join(dir, "containerd"), filepath.Join(accelDir, "cdi"))
-	n.Ctd.Validator = opts.Validator
-	n.Ctd.RequiredPlugins = opts.RequiredPlugins
-	n.Accel = newAccel(t, accelDir, n.Ctd.NRISock, mode, opts.Layout, n.Devs)
+	if isCrio(version) {
+		n.RT = newCrio(t, version, filepath.Join(dir, "crio"), filepath.Join(accelDir, "cdi"))
+	} else {
+		n.Ctd = newContainerd(t, version, filepath.Join(dir, "containerd"), filepath.Join(accelDir, "cdi"))
+		n.Ctd.Validator = opts.Validator
+		n.Ctd.RequiredPlugins = opts.RequiredPlugins
+		n.RT = n.Ctd
+	}
+	n.Accel = newAccel(t, accelDir, n.RT.NRISocket(), mode, opts.Layout, n.Devs)
 	t.Cleanup(func() { n.teardown(t) })
-	n.Ctd.Start(t)
-	n.Ctd.ImportImage(t)
+	n.RT.Start(t)
+	n.RT.ImportImage(t)
 	n.connectCRI(t)
 	if !opts.NoAccel {
 		n.Accel.Start(t)
@@ -77,7 +107,7 @@ func startNode(t *testing.T, version, mode string, opts NodeOptions) *Node {
 
 func (n *Node) connectCRI(t *testing.T) {
 	t.Helper()
-	c, err := dialCRI(n.Ctd.Socket)
+	c, err := dialCRI(n.RT.CRISocket())
 	must(t, err)
 	if n.CRI != nil {
 		n.CRI.Close()
@@ -88,8 +118,8 @@ func (n *Node) connectCRI(t *testing.T) {
 // RestartContainerd stops containerd (containers keep running) and starts it again.
 func (n *Node) RestartContainerd(t *testing.T) {
 	t.Helper()
-	n.Ctd.Stop()
-	n.Ctd.Start(t)
+	n.RT.Stop()
+	n.RT.Start(t)
 	n.connectCRI(t)
 }
 
@@ -98,9 +128,9 @@ func (n *Node) RestartContainerd(t *testing.T) {
 func (n *Node) teardown(t *testing.T) {
 	if t.Failed() {
 		// A hung runtime: its goroutines say where.
-		n.Ctd.Dump()
+		n.RT.Dump()
 	}
-	if n.CRI != nil && n.Ctd.Running() {
+	if n.CRI != nil && n.RT.Running() {
 		n.CRI.Timeout = 20 * time.Second
 		if pods, err := n.CRI.Pods(); err == nil {
 			for _, p := range pods {
@@ -116,13 +146,13 @@ func (n *Node) teardown(t *testing.T) {
 		n.CRI.Close()
 	}
 	n.Accel.Stop()
-	n.Ctd.Stop()
-	n.Ctd.Kill()
-	n.Ctd.Cleanup()
+	n.RT.Stop()
+	n.RT.Kill()
+	n.RT.Cleanup()
 	if t.Failed() {
 		res := resultsDir(t)
 		_ = os.MkdirAll(res, 0o755)
-		for _, f := range []string{n.Ctd.Log, n.Ctd.Config, n.Accel.Log, n.Accel.Config} {
+		for _, f := range append(n.RT.Files(), n.Accel.Log, n.Accel.Config) {
 			_ = exec.Command("cp", f, res).Run()
 		}
 		_ = exec.Command("cp", "-r", n.Accel.CDIDir, filepath.Join(res, "cdi")).Run()

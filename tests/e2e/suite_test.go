@@ -26,6 +26,7 @@ const matrixVersions = "v1.7.0,v1.7.35,v2.1.9,v2.2.9,v2.4.2"
 // The NRI version each containerd of the matrix vendors (its go.mod under tests/peers).
 var nriOf = map[string]string{
 	"v1.7.0": "v0.3.0", "v1.7.35": "v0.8.0", "v2.1.9": "v0.8.0", "v2.2.9": "v0.11.0", "v2.4.2": "v0.12.3",
+	"crio-v1.36.3": "v0.11.0",
 }
 
 // modes are the injection modes (nri.cdi_injection) tested on containerd `version`: cdi and
@@ -88,6 +89,9 @@ func peerBin(t *testing.T, version string) string {
 		return dir
 	}
 	peer := "containerd-" + version
+	if isCrio(version) {
+		peer = version
+	}
 	cmd := exec.Command("bash", filepath.Join(testsDir(), "peers", "build.sh"), peer)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
