@@ -21,7 +21,7 @@ import (
 const defaultVersions = "v1.7.0,v2.4.2"
 
 // Versions of the whole matrix (tests/run.sh --matrix).
-const matrixVersions = "v1.7.0,v1.7.35,v2.1.9,v2.2.9,v2.4.2"
+const matrixVersions = "v1.7.0,v1.7.35,v2.1.9,v2.2.9,v2.4.2,crio-v1.36.3"
 
 // The NRI version each containerd of the matrix vendors (its go.mod under tests/peers).
 var nriOf = map[string]string{
