@@ -159,11 +159,29 @@ func (c *Crio) Running() bool {
 	}
 }
 
-// Dump asks CRI-O for its goroutine dump (SIGUSR1; CRI-O writes it to a file under /tmp and logs where).
+// Dump asks CRI-O for its goroutine dump (SIGUSR1: CRI-O writes /tmp/crio-goroutine-stacks-*.log)
+// and appends it to CRI-O's log here.
 func (c *Crio) Dump() {
-	if c.Running() {
-		_ = c.cmd.Process.Signal(syscall.SIGUSR1)
-		time.Sleep(time.Second)
+	if !c.Running() {
+		return
+	}
+	asked := time.Now().Add(-time.Second)
+	_ = c.cmd.Process.Signal(syscall.SIGUSR1)
+	time.Sleep(time.Second)
+	dumps, _ := filepath.Glob("/tmp/crio-goroutine-stacks-*.log")
+	log, err := os.OpenFile(c.Log, os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer log.Close()
+	for _, d := range dumps {
+		if st, err := os.Stat(d); err != nil || st.ModTime().Before(asked) {
+			continue // another instance's
+		}
+		if b, err := os.ReadFile(d); err == nil {
+			fmt.Fprintf(log, "\n===== e2e: CRI-O goroutine dump %s\n%s", d, b)
+			_ = os.Remove(d)
+		}
 	}
 }
 

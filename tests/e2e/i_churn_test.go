@@ -100,7 +100,7 @@ func TestI_ConcurrentChurn(t *testing.T) {
 				}
 				hc.Close()
 				if err != nil {
-					fail("health check %d: containerd did not create a plain container within 30 s: %v", i, err)
+					fail("health check %d: the runtime did not create a plain container within 30 s: %v", i, err)
 					return
 				}
 				healthChecks.Add(1)
