@@ -40,6 +40,17 @@ pub struct SyncPod {
     pub uid: String,
     /// Pod namespace (4).
     pub namespace: String,
+    /// The pod's annotations (6) whose key starts with [`LeanKeep::pod_annotation_prefix`];
+    /// none unless asked for.
+    pub annotations: Vec<(String, String)>,
+}
+
+/// What a lean decoding keeps beyond the fixed fields of [`SyncPod`] and [`SyncContainer`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeanKeep {
+    /// Keep the pod annotations whose key starts with this prefix (a plugin reading requests of
+    /// its own from annotations); `None` keeps none.
+    pub pod_annotation_prefix: Option<String>,
 }
 
 /// A container as a lean Synchronize reports it.
@@ -51,6 +62,8 @@ pub struct SyncContainer {
     pub pod_sandbox_id: String,
     /// Container name (3).
     pub name: String,
+    /// Its state (4, `ContainerState`: 1 created, 2 paused, 3 running, 4 stopped).
+    pub state: i32,
     /// Fully qualified CDI device names it was created with (`CDI_devices`, 20).
     pub cdi_devices: Vec<String>,
     /// Its device nodes (`linux.devices`, 11.2).
@@ -96,6 +109,7 @@ impl From<&SynchronizeRequest> for LeanSynchronize {
                 name: p.name.clone(),
                 uid: p.uid.clone(),
                 namespace: p.namespace.clone(),
+                annotations: Vec::new(),
             })
             .collect();
         let containers = req
@@ -110,6 +124,7 @@ impl From<&SynchronizeRequest> for LeanSynchronize {
                     id: c.id.clone(),
                     pod_sandbox_id: c.pod_sandbox_id.clone(),
                     name: c.name.clone(),
+                    state: c.state.value(),
                     cdi_devices: c.CDI_devices.iter().map(|d| d.name.clone()).collect(),
                     devices: linux
                         .map(|l| {
@@ -141,11 +156,17 @@ const LEN: WireType = WireType::LengthDelimited;
 impl LeanSynchronize {
     /// Decodes a `SynchronizeRequest` payload, reading only the fields of the lean types.
     pub fn decode(payload: &[u8]) -> protobuf::Result<LeanSynchronize> {
+        Self::decode_keeping(payload, &LeanKeep::default())
+    }
+
+    /// [`LeanSynchronize::decode`], also keeping what `keep` asks for.
+    pub fn decode_keeping(payload: &[u8], keep: &LeanKeep) -> protobuf::Result<LeanSynchronize> {
         let mut is = CodedInputStream::from_bytes(payload);
         let mut req = LeanSynchronize::default();
+        let prefix = keep.pod_annotation_prefix.as_deref();
         fields(&mut is, |is, field, wire| {
             match (field, wire) {
-                (1, LEN) => req.pods.push(message(is, pod)?),
+                (1, LEN) => req.pods.push(message(is, |is| pod(is, prefix))?),
                 (2, LEN) => req.containers.push(message(is, container)?),
                 (3, WireType::Varint) => req.more = is.read_bool()?,
                 _ => is.skip_field(wire)?,
@@ -189,19 +210,39 @@ fn message<T>(
     Ok(value)
 }
 
-fn pod(is: &mut CodedInputStream<'_>) -> protobuf::Result<SyncPod> {
+fn pod(is: &mut CodedInputStream<'_>, prefix: Option<&str>) -> protobuf::Result<SyncPod> {
     let mut p = SyncPod::default();
     fields(is, |is, field, wire| {
-        match (field, wire) {
-            (1, LEN) => p.id = is.read_string()?,
-            (2, LEN) => p.name = is.read_string()?,
-            (3, LEN) => p.uid = is.read_string()?,
-            (4, LEN) => p.namespace = is.read_string()?,
+        match (field, wire, prefix) {
+            (1, LEN, _) => p.id = is.read_string()?,
+            (2, LEN, _) => p.name = is.read_string()?,
+            (3, LEN, _) => p.uid = is.read_string()?,
+            (4, LEN, _) => p.namespace = is.read_string()?,
+            (6, LEN, Some(prefix)) => {
+                let (key, value) = message(is, string_pair)?;
+                if key.starts_with(prefix) {
+                    p.annotations.push((key, value));
+                }
+            }
             _ => is.skip_field(wire)?,
         }
         Ok(())
     })?;
     Ok(p)
+}
+
+/// A `map<string, string>` entry: key (1), value (2).
+fn string_pair(is: &mut CodedInputStream<'_>) -> protobuf::Result<(String, String)> {
+    let (mut key, mut value) = (String::new(), String::new());
+    fields(is, |is, field, wire| {
+        match (field, wire) {
+            (1, LEN) => key = is.read_string()?,
+            (2, LEN) => value = is.read_string()?,
+            _ => is.skip_field(wire)?,
+        }
+        Ok(())
+    })?;
+    Ok((key, value))
 }
 
 fn container(is: &mut CodedInputStream<'_>) -> protobuf::Result<SyncContainer> {
@@ -211,6 +252,7 @@ fn container(is: &mut CodedInputStream<'_>) -> protobuf::Result<SyncContainer> {
             (1, LEN) => c.id = is.read_string()?,
             (2, LEN) => c.pod_sandbox_id = is.read_string()?,
             (3, LEN) => c.name = is.read_string()?,
+            (4, WireType::Varint) => c.state = is.read_int32()?,
             (11, LEN) => message(is, |is| linux_container(is, &mut c))?,
             (20, LEN) => c.cdi_devices.push(message(is, cdi_device)?),
             _ => is.skip_field(wire)?,
@@ -349,6 +391,38 @@ mod tests {
     }
 
     #[test]
+    fn keeps_the_pod_annotations_under_the_prefix_asked_for() {
+        let mut req = full();
+        req.pods[0]
+            .annotations
+            .insert("accel.nri.io/container.main".into(), "count=1".into());
+        req.pods[0]
+            .annotations
+            .insert("accel.nri.iox/other".into(), "no".into());
+        let bytes = req.write_to_bytes().unwrap();
+        let keep = LeanKeep {
+            pod_annotation_prefix: Some("accel.nri.io/".into()),
+        };
+        let lean = LeanSynchronize::decode_keeping(&bytes, &keep).unwrap();
+        let mut kept = lean.pods[0].annotations.clone();
+        kept.sort();
+        assert_eq!(
+            kept,
+            vec![
+                (
+                    "accel.nri.io/container.main".to_string(),
+                    "count=1".to_string()
+                ),
+                ("accel.nri.io/gpu".to_string(), "1".to_string()),
+            ]
+        );
+        // Without the prefix nothing is kept, and the rest is as decode gives it.
+        let plain = LeanSynchronize::decode(&bytes).unwrap();
+        assert!(plain.pods[0].annotations.is_empty());
+        assert_eq!(plain.containers, lean.containers);
+    }
+
+    #[test]
     fn reads_the_fields_it_names_and_skips_the_rest() {
         let bytes = full().write_to_bytes().unwrap();
         let lean = LeanSynchronize::decode(&bytes).unwrap();
@@ -360,6 +434,7 @@ mod tests {
                 name: "trainer".into(),
                 uid: "6f1c".into(),
                 namespace: "ml".into(),
+                annotations: Vec::new(),
             }]
         );
         let dev = |kind: &str, major, minor| SyncDevice {
@@ -374,6 +449,7 @@ mod tests {
                     id: "ctr-1".into(),
                     pod_sandbox_id: "sandbox-1".into(),
                     name: "main".into(),
+                    state: 0,
                     cdi_devices: vec!["accel.nri.io/device=claim-abc-0".into()],
                     devices: vec![dev("c", 195, 0), dev("b", 8, 1), dev("", 195, 255)],
                     cpus: "0-3".into(),

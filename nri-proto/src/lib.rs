@@ -56,7 +56,7 @@ pub mod api {
 
 pub use error::{PluginError, StubError, describe_ttrpc};
 pub use events::{EventMask, MASK_PRE_V0_10, MASK_V0_10, parse_nri_version, valid_mask_for};
-pub use lean_sync::{LeanSynchronize, SyncContainer, SyncDecoding, SyncDevice, SyncPod};
+pub use lean_sync::{LeanKeep, LeanSynchronize, SyncContainer, SyncDecoding, SyncDevice, SyncPod};
 pub use plugin::Plugin;
 pub use protobuf;
 pub use stub::{

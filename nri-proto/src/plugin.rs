@@ -52,6 +52,13 @@ pub trait Plugin: Send + Sync + 'static {
         SyncDecoding::Full
     }
 
+    /// For a lean Synchronize: the prefix of the pod annotation keys to keep in
+    /// [`SyncPod::annotations`] (a plugin that reads requests from pod annotations checks the
+    /// running containers against them); `None`, the default, keeps none.
+    fn synchronize_pod_annotations(&self) -> Option<String> {
+        None
+    }
+
     /// [`Plugin::synchronize`] for a plugin whose [`Plugin::synchronize_decoding`] is
     /// [`SyncDecoding::Lean`]: called once per connection with every pod and container (paged
     /// requests reassembled). Returned updates are applied by the runtime.

@@ -27,7 +27,7 @@ use tokio::io::AsyncReadExt;
 use ttrpc::{Code, MessageHeader, Status};
 
 use crate::api::*;
-use crate::lean_sync::LeanSynchronize;
+use crate::lean_sync::{LeanKeep, LeanSynchronize};
 use crate::mux::{ConnSender, MuxConn, Next};
 
 /// The service name on the wire.
@@ -313,9 +313,9 @@ macro_rules! plugin_service {
                     -> impl Future<Output = ttrpc::Result<$resp>> + Send;
             )*
 
-            /// Whether Synchronize is decoded lean ([`LeanSynchronize`]) and served by
-            /// [`Rpc::synchronize_lean`].
-            fn lean_synchronize(&self) -> bool;
+            /// Whether Synchronize is decoded lean ([`LeanSynchronize`]), keeping what the
+            /// answer says, and served by [`Rpc::synchronize_lean`].
+            fn lean_synchronize(&self) -> Option<LeanKeep>;
 
             /// Serves a `Synchronize` decoded lean.
             fn synchronize_lean(&self, req: &mut LeanSynchronize)
@@ -335,15 +335,19 @@ macro_rules! plugin_service {
             method: &str,
             payload: &[u8],
         ) -> Served {
+            let lean = match method {
+                "Synchronize" => service.lean_synchronize(),
+                _ => None,
+            };
+            if let Some(keep) = lean {
+                let mut req = match LeanSynchronize::decode_keeping(payload, &keep) {
+                    Ok(req) => req,
+                    Err(e) => return bad_request("Synchronize", e),
+                };
+                let answer = encoded("Synchronize", service.synchronize_lean(&mut req).await);
+                return (answer, Some(service.spent("Synchronize", Box::new(req))));
+            }
             match method {
-                "Synchronize" if service.lean_synchronize() => {
-                    let mut req = match LeanSynchronize::decode(payload) {
-                        Ok(req) => req,
-                        Err(e) => return bad_request("Synchronize", e),
-                    };
-                    let answer = encoded("Synchronize", service.synchronize_lean(&mut req).await);
-                    (answer, Some(service.spent("Synchronize", Box::new(req))))
-                }
                 $($name => {
                     let mut req = match <$req>::parse_from_bytes(payload) {
                         Ok(req) => req,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::api::*;
 use crate::error::{PluginError, to_ttrpc};
 use crate::events::valid_mask_for;
-use crate::lean_sync::{LeanSynchronize, SyncContainer, SyncDecoding, SyncPod};
+use crate::lean_sync::{LeanKeep, LeanSynchronize, SyncContainer, SyncDecoding, SyncPod};
 use crate::plugin::Plugin;
 use crate::server::Rpc;
 use crate::stub::{Notifier, StubEvent};
@@ -206,8 +206,10 @@ impl<P: Plugin> Rpc for PluginService<P> {
         self.synchronized(counts, update)
     }
 
-    fn lean_synchronize(&self) -> bool {
-        self.plugin.synchronize_decoding() == SyncDecoding::Lean
+    fn lean_synchronize(&self) -> Option<LeanKeep> {
+        (self.plugin.synchronize_decoding() == SyncDecoding::Lean).then(|| LeanKeep {
+            pod_annotation_prefix: self.plugin.synchronize_pod_annotations(),
+        })
     }
 
     async fn synchronize_lean(&self, req: &mut LeanSynchronize) -> R<SynchronizeResponse> {

@@ -46,6 +46,13 @@ pub struct RuntimeConfig {
     /// plugin that waits for its own update inside a handler misses the deadline and is
     /// dropped. On by default, as the default `nri_version` (v0.12.0) behaves.
     pub updates_wait_for_events: bool,
+    /// Model the hang of real runtimes before NRI v0.12.1 (containerd 1.7 to 2.3, every CRI-O
+    /// release): there a plugin's UpdateContainers that meets any event in progress, even one
+    /// sent milliseconds after the plugin answered, deadlocks the runtime for good, and nothing
+    /// tells a plugin when no event is in progress. With this on and `nri_version` before
+    /// v0.12.1, every UpdateContainers call is recorded in [`FakeRuntime::errors`] as the hang it
+    /// would have caused. On by default; ignored from v0.12.1 on.
+    pub pushes_hang: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -58,6 +65,7 @@ impl Default for RuntimeConfig {
             registration_timeout: Duration::from_secs(5),
             config: String::new(),
             updates_wait_for_events: true,
+            pushes_hang: true,
         }
     }
 }
@@ -114,6 +122,8 @@ struct State {
     /// CreateContainer answers with an adjustment, as received (decoded when asked for).
     adjustments: Vec<(String, Vec<u8>)>,
     sync_updates: Vec<ContainerUpdate>,
+    /// Updates carried in CreateContainer and StopContainer replies, in order.
+    reply_updates: Vec<ContainerUpdate>,
     sync_chunks: Vec<usize>,
     fail_updates: usize,
     errors: Vec<String>,
@@ -357,6 +367,12 @@ impl FakeRuntime {
     /// The next `n` UpdateContainers requests report every update as failed.
     pub fn fail_next_updates(&self, n: usize) {
         self.state().fail_updates = n;
+    }
+
+    /// The updates CreateContainer and StopContainer replies carried, in order (applied to the
+    /// containers, as a runtime applies them).
+    pub fn reply_updates(&self) -> Vec<ContainerUpdate> {
+        self.state().reply_updates.clone()
     }
 
     /// UpdateContainers requests received, in order.

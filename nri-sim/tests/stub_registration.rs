@@ -161,7 +161,12 @@ async fn wait_until(done: impl Fn() -> bool) {
 async fn adjustment_and_update_over_4096_bytes_arrive_intact() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("nri.sock");
-    let rt = FakeRuntime::start(&path).await.unwrap();
+    // The stub's UpdateContainers on the wire, against a runtime that takes pushes.
+    let cfg = RuntimeConfig {
+        nri_version: "v0.12.1".into(),
+        ..RuntimeConfig::default()
+    };
+    let rt = FakeRuntime::start_with(&path, cfg).await.unwrap();
     let mut plugin = Recorder::new(mask());
     Arc::get_mut(&mut plugin).unwrap().adjust_bytes = 50_000;
     let stub = stub(&path);

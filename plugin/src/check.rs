@@ -58,6 +58,9 @@ pub enum Warning {
         /// How many devices the node has.
         devices: usize,
     },
+    /// `nri.cdi_injection: cdi` is set: the annotation path injects device nodes whatever it
+    /// says.
+    CdiInjectionIgnored,
 }
 
 impl fmt::Display for Warning {
@@ -93,6 +96,12 @@ impl fmt::Display for Warning {
                 f,
                 "pool {pool} selects none of this node's {devices} device(s): claims for it will \
                  be refused; compare its select with nri-accel discover"
+            ),
+            Warning::CdiInjectionIgnored => f.write_str(
+                "nri.cdi_injection: cdi is no longer honoured: the annotation path injects device \
+                 nodes, cgroup rules, env and mounts, because its CDI spec is written inside \
+                 CreateContainer and a runtime's CDI cache may not have seen it yet (containerd \
+                 failed 2-5 % of such grants); remove the setting (docs/configuration.md)",
             ),
         }
     }
@@ -136,6 +145,9 @@ pub fn check_inventory(
 pub fn pool_warnings(config: &Config, inventory: &Inventory) -> Vec<Warning> {
     let pools = &config.pools;
     let mut out = Vec::new();
+    if config.nri.cdi_injection == crate::config::CdiInjection::Cdi {
+        out.push(Warning::CdiInjectionIgnored);
+    }
     if inventory.devices.is_empty() {
         out.push(Warning::EmptyInventory {
             sysfs: config.discovery.sysfs,

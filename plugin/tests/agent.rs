@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use engine_common::*;
-use nri_accel::daemon::{Agent, AgentSettings, ContainerView, Injection};
+use nri_accel::daemon::{Agent, AgentSettings, ContainerView};
 
 fn agent(d: &Dirs, cpus_per_device: u32) -> Agent {
     let (engine, _) = open_with(d, 4, cpus_per_device, None).unwrap();
@@ -27,6 +27,8 @@ fn view(id: &str, name: &str, annotations: &[(&str, &str)], nodes: &[(u32, u32)]
         pod_namespace: "ns".into(),
         pod_name: "pod".into(),
         pod_uid: "pod-uid".into(),
+        pod_id: "pod-sandbox".into(),
+        stopped: false,
         pod_annotations: annotations
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -77,10 +79,7 @@ async fn the_annotation_path_grants_on_create_and_releases_on_remove() {
         &[("accel.nri.io/container.trainer", "count=2,family=exclusive")],
         &[],
     );
-    let (grant, _) = agent
-        .create_container(&c, Injection::DeviceNodes)
-        .await
-        .unwrap();
+    let (grant, _) = agent.create_container(&c).await.unwrap();
     let nodes: Vec<&str> = grant.device_nodes.iter().map(|n| n.path.as_str()).collect();
     assert_eq!(
         nodes
@@ -93,20 +92,25 @@ async fn the_annotation_path_grants_on_create_and_releases_on_remove() {
     assert!(nodes.contains(&"/dev/nvidiactl"));
     assert_eq!(spec_uids(&d).len(), 1, "the spec is the proof of the grant");
 
-    let (cdi_grant, _) = agent
-        .create_container(
-            &view(
-                "c-ann-2",
-                "other",
-                &[("accel.nri.io/container.other", "count=1")],
-                &[],
-            ),
-            Injection::Cdi,
-        )
+    // Device nodes always: the spec written inside the create is never named in its reply (a
+    // runtime's CDI cache may not have seen it yet).
+    let (second, _) = agent
+        .create_container(&view(
+            "c-ann-2",
+            "other",
+            &[("accel.nri.io/container.other", "count=1")],
+            &[],
+        ))
         .await
         .unwrap();
-    assert_eq!(cdi_grant.cdi_devices.len(), 1);
-    assert!(cdi_grant.cdi_devices[0].starts_with("accel.nri.io/device=claim-ctr-"));
+    assert!(
+        second
+            .device_nodes
+            .iter()
+            .any(|n| n.path.starts_with("/dev/nvidia") && n.path != "/dev/nvidiactl"),
+        "{second:?}"
+    );
+    assert_eq!(spec_uids(&d).len(), 2);
 
     agent.remove_container("c-ann-1").await.unwrap();
     agent.remove_container("c-ann-2").await.unwrap();
@@ -127,10 +131,7 @@ async fn requests_nothing_downstream_models_fail_the_creation_and_write_nothing(
         ],
         &[],
     );
-    let err = agent
-        .create_container(&mixed, Injection::Cdi)
-        .await
-        .unwrap_err();
+    let err = agent.create_container(&mixed).await.unwrap_err();
     assert!(err.contains("two vendors"), "{err}");
     let greedy = view(
         "c-greedy",
@@ -138,10 +139,7 @@ async fn requests_nothing_downstream_models_fail_the_creation_and_write_nothing(
         &[("accel.nri.io/container.g", "count=9")],
         &[],
     );
-    let err = agent
-        .create_container(&greedy, Injection::Cdi)
-        .await
-        .unwrap_err();
+    let err = agent.create_container(&greedy).await.unwrap_err();
     assert!(
         err.contains("c-greedy") || err.contains("g of pod"),
         "{err}"
@@ -152,7 +150,7 @@ async fn requests_nothing_downstream_models_fail_the_creation_and_write_nothing(
         &[("accel.nri.io/container.b", "count=two")],
         &[],
     );
-    assert!(agent.create_container(&bad, Injection::Cdi).await.is_err());
+    assert!(agent.create_container(&bad).await.is_err());
     assert!(agent.engine().claims().is_empty());
     assert!(spec_uids(&d).is_empty());
 }
@@ -326,7 +324,7 @@ async fn the_claims_of_containers_gone_while_away_are_released_after_the_answer(
         &[("accel.nri.io/container.app", "count=1,family=exclusive")],
         &[],
     );
-    agent.create_container(&ann, Injection::Cdi).await.unwrap();
+    agent.create_container(&ann).await.unwrap();
     assert_eq!(agent.engine().claims().len(), 1);
     // The runtime comes back without c-ann: the answer is computed first, the release follows.
     let synced = agent.synchronize(&[view("bystander", "b", &[], &[])]).await;

@@ -173,6 +173,8 @@ fn view(id: &str, pod: &str, cdi: &[String]) -> ContainerView {
         pod_namespace: "team".into(),
         pod_name: pod.into(),
         pod_uid: format!("uid-{pod}"),
+        pod_id: format!("sandbox-{pod}"),
+        stopped: false,
         cdi_devices: cdi.to_vec(),
         ..ContainerView::default()
     }
@@ -340,13 +342,12 @@ async fn an_allocation_is_held_by_its_container_and_freed_when_it_goes() {
     // The runtime creates the container with those CDI names: it holds the claim and gets the
     // device's local CPUs.
     let c = view("c-a", "pod-a", &cdi);
-    let (grant, _) = s
-        .agent
-        .create_container(&c, nri_accel::daemon::Injection::Cdi)
-        .await
-        .unwrap();
+    let (grant, _) = s.agent.create_container(&c).await.unwrap();
     let cpus = grant.cpus.expect("cpuset");
     assert_eq!(cpus.len(), 2, "{cpus}");
+    // The runtime created it (PostCreateContainer): a later container of the same name is a
+    // restart, not the retry of a failed create.
+    s.agent.container_created("c-a");
     let claim = &s.engine.device_plugin_claims()[0];
     assert_eq!(claim.users, ["c-a"]);
     assert_eq!(claim.user.as_ref().unwrap().pod, "team/pod-a");
@@ -369,10 +370,7 @@ async fn an_allocation_is_held_by_its_container_and_freed_when_it_goes() {
     // A restarted container of the same pod uses the same names; the old one's removal does not
     // release what the new one holds.
     let again = view("c-a2", "pod-a", &cdi);
-    s.agent
-        .create_container(&again, nri_accel::daemon::Injection::Cdi)
-        .await
-        .unwrap();
+    s.agent.create_container(&again).await.unwrap();
     s.agent.remove_container("c-a").await.unwrap();
     assert_eq!(s.engine.device_plugin_claims().len(), 1);
     // The last container goes: the claim is released, its spec removed, the device free again.

@@ -167,7 +167,14 @@ async fn annotation_claims_follow_their_containers_across_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpusets_give_way_to_claims_even_when_pushes_fail_and_the_daemon_restarts() {
     let node = TestNode::new(Shape::default(), "");
-    let fake = runtime(&node).await;
+    // A runtime that takes pushes (NRI v0.12.1+); before that nothing is pushed at all.
+    let config = fake_runtime::RuntimeConfig {
+        nri_version: "v0.12.1".into(),
+        ..fake_runtime::RuntimeConfig::default()
+    };
+    let fake = fake_runtime::FakeRuntime::start_with(&node.nri_socket, config)
+        .await
+        .expect("fake runtime");
     let idle_pod = pod("idle", &[]);
     fake.add_pod(idle_pod.clone());
     let idle = with_cpus(container("c-idle", &idle_pod, "idle", &[]), "0-15");

@@ -3,7 +3,8 @@
 //! request outstanding when it arrived has been answered (containerd#13733, nri#301).
 //!
 //! - A removal whose release frees CPUs is answered at once, the plugin stays connected, and the
-//!   freed CPUs reach the other containers afterwards through UpdateContainers.
+//!   freed CPUs reach the other containers in the next CreateContainer's reply (a push would
+//!   hang such a runtime).
 //! - Containers found at Synchronize on devices without a record: two or three on one whole
 //!   device hold it until the last goes; k on a shared device hold a share each.
 //! - The gate closes when the runtime goes away: a prepare (or unprepare) between the loss and
@@ -134,12 +135,30 @@ async fn a_removal_that_frees_cpus_is_answered_at_once_and_the_cpus_reach_the_ot
             node.cdi_entries()
         );
 
-        // Afterwards, the freed CPUs reach the bystander through UpdateContainers.
-        wait_for("the bystander's CPUs to come back", || async {
-            (last_pushed_cpus(&fake, "c-bystander").as_deref() == Some("0-15")).then_some(())
-        })
-        .await;
+        // This runtime hangs on any UpdateContainers that meets an event in progress: the freed
+        // CPUs wait, pending, for the next reply that can carry them.
+        assert_eq!(last_pushed_cpus(&fake, "c-bystander"), None);
+        assert_eq!(node.status_json().await["pending_updates"], 1);
     }
+    // The next container event's reply gives the bystander its CPUs back.
+    let pq = pod("plain", &[]);
+    fake.add_pod(pq.clone());
+    let created = fake
+        .create_container(&pq, &container("c-plain", &pq, "app", &[]))
+        .await
+        .expect("create");
+    let grown = created
+        .update
+        .iter()
+        .find(|u| u.container_id == "c-bystander")
+        .expect("the freed CPUs travel in CreateContainer's reply");
+    assert_eq!(grown.linux.resources.cpu.cpus, "0-15");
+    assert!(
+        fake.updates().is_empty(),
+        "never pushed: {:?}",
+        fake.updates()
+    );
+    assert!(fake.errors().is_empty(), "{:?}", fake.errors());
     let doc = node.status_json().await;
     assert!(status_claims(&doc).is_empty(), "{doc:#}");
     assert_eq!(doc["pending_updates"], 0, "{doc:#}");

@@ -102,7 +102,14 @@ async fn only_containers_whose_cpuset_changes_are_updated() {
         },
         "",
     );
-    let fake = runtime(&node).await;
+    // Which containers a claim moves, as pushed by a runtime that takes pushes (NRI v0.12.1+).
+    let config = fake_runtime::RuntimeConfig {
+        nri_version: "v0.12.1".into(),
+        ..fake_runtime::RuntimeConfig::default()
+    };
+    let fake = fake_runtime::FakeRuntime::start_with(&node.nri_socket, config)
+        .await
+        .expect("fake runtime");
     let p = pod("web", &[]);
     fake.add_pod(p.clone());
     fake.add_container(container("c-unpinned", &p, "a", &[]));

@@ -83,3 +83,38 @@ async fn a_second_daemon_waits_for_the_lock_then_takes_over() {
     assert!(third.try_exit().is_none());
     assert!(node.claims_socket.exists());
 }
+
+/// SIGTERM while waiting for the node lock stops the waiter at once: it never takes the lock,
+/// binds the claims socket or registers with the runtime once the first daemon goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_stopped_while_waiting_for_the_lock_never_serves() {
+    let node = TestNode::new(Shape::default(), "");
+    let fake = runtime(&node).await;
+    let mut first = node.spawn(&[]);
+    fake.wait_synchronized(1, WAIT).await.expect("synchronized");
+    let ino = std::fs::metadata(&node.claims_socket).unwrap().ino();
+    let mut waiter = node.spawn(&[]);
+    assert_waiting(&node, &mut waiter, ino).await;
+    waiter.signal(nix::sys::signal::Signal::SIGTERM);
+    let st = tokio::time::timeout(WAIT, waiter.wait_exit())
+        .await
+        .expect("the waiter stops at once, without waiting for the lock");
+    assert!(st.success(), "{st:?}");
+    assert!(
+        waiter.log_text().contains("stopped while starting"),
+        "{}",
+        waiter.log_text()
+    );
+    // The first goes: nobody takes over behind the stopped waiter's back.
+    let st = first.terminate().await;
+    assert!(st.success(), "{st:?}");
+    assert!(
+        fake.wait_synchronized(2, std::time::Duration::from_secs(1))
+            .await
+            .is_err(),
+        "nobody registered after the first left"
+    );
+    let log = waiter.log_text();
+    assert!(!log.contains("claims API listening"), "{log}");
+    assert!(!log.contains("configured by the runtime"), "{log}");
+}

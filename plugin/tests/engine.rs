@@ -266,37 +266,40 @@ async fn pending_updates_survive_a_restart() {
     assert_eq!(sink.delivered.lock().unwrap().len(), 1);
 }
 
-/// Work an NRI handler starts never pushes through UpdateContainers, on any path: the
-/// annotation path's prepare returns its updates to the handler, and releases (RemoveContainer,
-/// claims of containers found gone at Synchronize, rollbacks) leave theirs pending and wake the
-/// flusher. Outside a handler, the same calls push before they return.
+/// Work an NRI handler starts never pushes through UpdateContainers, on any path, even where the
+/// runtime allows pushes: the annotation path's prepare and releases (RemoveContainer, claims of
+/// containers found gone at Synchronize, rollbacks) leave their updates pending; the handler's
+/// reply takes them, and a reply's updates are never pushed too. Outside a handler, the same
+/// calls push before they return.
 #[tokio::test]
 async fn work_inside_an_nri_handler_pushes_nothing_on_any_path() {
-    use nri_accel::engine::in_nri_handler;
+    use nri_accel::engine::{Delivery, in_nri_handler};
     let d = dirs();
     let (engine, _) = open_with(&d, 4, 2, None).unwrap();
+    engine.set_delivery(Delivery::Push);
     engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
     let sink = Arc::new(FlakySink::default());
     engine.set_update_sink(Some(sink.clone()));
     let origin = nri_accel::engine::Origin::Annotation {
         container_id: "ctr-new".into(),
     };
-    let p = in_nri_handler(engine.prepare_as(claim_for("ctr-new", "gpu0"), origin))
+    in_nri_handler(engine.prepare_as(claim_for("ctr-new", "gpu0"), origin))
         .await
         .unwrap();
     assert!(
         sink.delivered.lock().unwrap().is_empty(),
         "nothing pushed from inside the handler"
     );
-    assert_eq!(p.updates.len(), 1);
-    assert_eq!(p.updates[0].container_id, "ctr-shared");
-    // The flusher was woken for it.
-    tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        engine.wait_for_pending_work(),
-    )
-    .await
-    .expect("the flusher is woken");
+    // The reply takes the update and clears it: the flusher has nothing left to push.
+    let carried = in_nri_handler(engine.take_pending_for_reply("ctr-new")).await;
+    assert_eq!(carried.len(), 1);
+    assert_eq!(carried[0].container_id, "ctr-shared");
+    assert_eq!(engine.pending_updates(), 0);
+    assert_eq!(engine.flush_pending().await, 0);
+    assert!(
+        sink.delivered.lock().unwrap().is_empty(),
+        "never pushed too"
+    );
     // A release inside a handler (RemoveContainer): pending, not pushed.
     in_nri_handler(engine.container_removed("ctr-new"))
         .await
@@ -316,6 +319,45 @@ async fn work_inside_an_nri_handler_pushes_nothing_on_any_path() {
     engine.prepare(claim_for("api", "gpu1")).await.unwrap();
     assert!(!sink.delivered.lock().unwrap().is_empty());
     assert_eq!(engine.pending_updates(), 0);
+}
+
+/// On a runtime before NRI v0.12.1 nothing is ever pushed, from a handler or not: a push that
+/// meets an event in flight hangs such a runtime for good. Updates wait for the next reply.
+#[tokio::test]
+async fn before_nri_0_12_1_updates_only_travel_in_replies() {
+    use nri_accel::engine::{Delivery, in_nri_handler};
+    assert_eq!(Delivery::for_nri_version("v0.12.0"), Delivery::Replies);
+    assert_eq!(Delivery::for_nri_version(""), Delivery::Replies);
+    assert_eq!(Delivery::for_nri_version("v0.8.0"), Delivery::Replies);
+    assert_eq!(Delivery::for_nri_version("v0.12.1"), Delivery::Push);
+    assert_eq!(Delivery::for_nri_version("v0.13.0-rc.1"), Delivery::Push);
+    assert_eq!(Delivery::for_nri_version("v1.0.0"), Delivery::Push);
+    let d = dirs();
+    let (engine, _) = open_with(&d, 4, 2, None).unwrap();
+    engine.set_delivery(Delivery::Replies);
+    engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
+    let sink = Arc::new(FlakySink::default());
+    engine.set_update_sink(Some(sink.clone()));
+    // The claims API: committed, answered, not pushed.
+    engine.prepare(claim_for("api", "gpu0")).await.unwrap();
+    assert_eq!(engine.flush_pending().await, 1);
+    assert!(sink.delivered.lock().unwrap().is_empty());
+    // The next event's reply carries it, once.
+    let carried = in_nri_handler(engine.take_pending_for_reply("ctr-other")).await;
+    assert_eq!(carried.len(), 1);
+    assert_eq!(carried[0].container_id, "ctr-shared");
+    assert!(
+        in_nri_handler(engine.take_pending_for_reply("ctr-other"))
+            .await
+            .is_empty()
+    );
+    engine.unprepare("api").await.unwrap();
+    assert_eq!(
+        engine.pending_updates(),
+        1,
+        "the release's update waits too"
+    );
+    assert!(sink.delivered.lock().unwrap().is_empty());
 }
 
 /// A removed container's pending update is dropped at RemoveContainer, not kept until the next

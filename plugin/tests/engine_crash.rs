@@ -153,7 +153,6 @@ fn view(id: &str, annotations: &[(&str, &str)]) -> nri_accel::daemon::ContainerV
 /// container's CPUs come back in the Synchronize answer.
 #[tokio::test]
 async fn crash_at_every_step_of_a_release_by_the_nri_side_then_restart_and_synchronize() {
-    use nri_accel::daemon::Injection;
     use nri_accel::engine::in_nri_handler;
     let ask = [("accel.nri.io/container.app", "count=1")];
     for at_sync in [false, true] {
@@ -163,14 +162,8 @@ async fn crash_at_every_step_of_a_release_by_the_nri_side_then_restart_and_synch
             {
                 let (engine, _) = open_with(&d, 2, 1, None).unwrap();
                 let agent = agent_over(engine);
-                agent
-                    .create_container(&bystander, Injection::Cdi)
-                    .await
-                    .unwrap();
-                let (_, updates) = agent
-                    .create_container(&view("c-ann", &ask), Injection::Cdi)
-                    .await
-                    .unwrap();
+                agent.create_container(&bystander).await.unwrap();
+                let (_, updates) = agent.create_container(&view("c-ann", &ask)).await.unwrap();
                 assert_eq!(updates.len(), 1, "the bystander gives a CPU up");
                 // The runtime applies it: the bystander is reported there from now on.
                 bystander.placement = policies::Placement::cpus(updates[0].cpus.clone());

@@ -6,6 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::naming::pci_root;
+
+/// How many devices a refusal names with their holders.
+const CONTEXT_DEVICES: usize = 8;
 use crate::{
     Allocation, Ask, ClaimRequest, ClaimUid, ContainerEdits, ContainerUpdate, CountRequest, CpuSet,
     Device, FamilyKind, Grant, Inventory, NamedResult, Near, Outcome, Policy, PolicyError,
@@ -368,7 +371,7 @@ impl Node {
             near,
         };
         let mut refusals = Vec::new();
-        for p in fitting {
+        for &p in &fitting {
             match self.pools[p].policy.allocate(uid, &request) {
                 Ok(g) => {
                     grants.extend(g);
@@ -382,7 +385,64 @@ impl Node {
             .iter()
             .position(|f| !matches!(f.reason, RefusalReason::WrongFamily { .. }))
             .unwrap_or(0);
-        Err(refusals.swap_remove(pick))
+        let refusal = refusals.swap_remove(pick);
+        if matches!(refusal.reason, RefusalReason::NoCapacity { .. }) {
+            let PoolRequest::Count { selector, .. } = &request else {
+                return Err(refusal);
+            };
+            let devices: Vec<&Device> = fitting
+                .iter()
+                .flat_map(|&p| self.pools[p].policy.devices())
+                .filter(|d| selector.matches(d))
+                .collect();
+            let context = self.capacity_context(&devices);
+            return Err(refusal.with_context(context));
+        }
+        Err(refusal)
+    }
+
+    /// Who holds each of `devices` and which are free, for a refusal: at most
+    /// [`CONTEXT_DEVICES`] devices are named.
+    fn capacity_context(&self, devices: &[&Device]) -> Vec<String> {
+        let mut held = Vec::new();
+        let mut free = Vec::new();
+        for d in devices.iter().take(CONTEXT_DEVICES) {
+            let holders = self.holder_of(&d.id);
+            if holders.is_empty() {
+                free.push(d.id.clone());
+                continue;
+            }
+            let named: Vec<String> = holders
+                .iter()
+                .take(3)
+                .map(|h| match self.claims.get(h) {
+                    Some(a) if !a.name.is_empty() => {
+                        format!("claim {h} ({}/{})", a.namespace, a.name)
+                    }
+                    _ => format!("claim {h}"),
+                })
+                .collect();
+            let more = holders.len().saturating_sub(3);
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            held.push(format!("{} is held by {}{more}", d.id, named.join(", ")));
+        }
+        if devices.len() > CONTEXT_DEVICES {
+            held.push(format!(
+                "{} more matching devices not listed",
+                devices.len() - CONTEXT_DEVICES
+            ));
+        }
+        let free = if free.is_empty() {
+            "no matching device is free".to_string()
+        } else {
+            format!("free: {} (not enough for the request)", free.join(", "))
+        };
+        held.push(free);
+        held
     }
 
     fn check_vendors(&self, uid: &str, grants: &[Grant]) -> Result<(), Refusal> {

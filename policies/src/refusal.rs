@@ -19,6 +19,11 @@ pub struct Refusal {
     pub reason: RefusalReason,
 }
 
+/// What the node has now that explains a refusal, appended to its sentence: short clauses such
+/// as `gpu0 is held by claim c1 (ns/n)` and `no matching device is free`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RefusalContext(pub Vec<String>);
+
 /// The reason of a [`Refusal`]. New reasons may be added in a minor release (hence
 /// `non_exhaustive`); a policy constructs the ones that fit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +75,10 @@ pub enum RefusalReason {
     NoCapacity {
         /// The request name.
         request: String,
+        /// Each matching device and who holds it, and what is free, when the node adds it
+        /// ([`Refusal::with_context`]); boxed, as a refusal travels in every `Result` of the
+        /// allocator.
+        context: Option<Box<RefusalContext>>,
     },
     /// The named pool does not exist.
     NoPool {
@@ -112,10 +121,33 @@ impl Refusal {
             reason,
         }
     }
+
+    /// The same refusal with `context` appended to its sentence (for a count that cannot be
+    /// met; other reasons name what they need already).
+    pub fn with_context(mut self, clauses: Vec<String>) -> Self {
+        if let RefusalReason::NoCapacity { context, .. } = &mut self.reason {
+            *context = (!clauses.is_empty()).then(|| Box::new(RefusalContext(clauses)));
+        }
+        self
+    }
 }
 
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.sentence(f)?;
+        if let RefusalReason::NoCapacity {
+            context: Some(context),
+            ..
+        } = &self.reason
+        {
+            write!(f, ": {}", context.0.join("; "))?;
+        }
+        Ok(())
+    }
+}
+
+impl Refusal {
+    fn sentence(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.claim;
         let d = self.device.as_deref().unwrap_or("-");
         match &self.reason {
@@ -157,7 +189,7 @@ impl fmt::Display for Refusal {
                     "claim {c} refused: no placement is left for a slice of profile {profile} on any device"
                 ),
             },
-            RefusalReason::NoCapacity { request } => write!(
+            RefusalReason::NoCapacity { request, .. } => write!(
                 f,
                 "claim {c} refused: request {request} cannot be met by the devices free now"
             ),

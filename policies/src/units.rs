@@ -371,6 +371,7 @@ impl<M: UnitModel> UnitPolicy<M> {
                     }
                     _ => RefusalReason::NoCapacity {
                         request: request.to_string(),
+                        context: None,
                     },
                 };
                 return Err(refuse(reason));

@@ -194,9 +194,12 @@ fn no_capacity() {
     let mut n = gpus();
     n.allocate(&counted("c0", vec![count("r", 3)])).unwrap();
     let r = refused(&mut n, &counted("c1", vec![count("r", 2)]));
+    // The sentence, then what the node has: each matching device's holder, and what is free.
     assert_eq!(
         r.to_string(),
-        "claim c1 refused: request r cannot be met by the devices free now"
+        "claim c1 refused: request r cannot be met by the devices free now: g0 is held by claim \
+         c0 (ns/claim-c0); g1 is held by claim c0 (ns/claim-c0); g2 is held by claim c0 \
+         (ns/claim-c0); free: g3 (not enough for the request)"
     );
 }
 
@@ -316,6 +319,7 @@ fn docs_list_every_refusal_sentence() {
             false,
             RefusalReason::NoCapacity {
                 request: s("<request>"),
+                context: None,
             },
         ),
         (false, RefusalReason::NoPool { pool: s("<pool>") }),

@@ -194,6 +194,7 @@ impl Policy for Spread {
                         None,
                         RefusalReason::NoCapacity {
                             request: request.clone(),
+                            context: None,
                         },
                     );
                 }

@@ -64,6 +64,7 @@ impl FakeRuntime {
             let id = req.container_id.clone();
             self.state().adjustments.push((id, raw));
         }
+        self.replied_updates(&resp.update);
         Ok(resp)
     }
 
@@ -92,7 +93,18 @@ impl FakeRuntime {
         let mut req = StopContainerRequest::new();
         req.pod = MessageField::some(pod.clone());
         req.container = MessageField::some(c.clone());
-        self.call("StopContainer", &req).await
+        let resp: StopContainerResponse = self.call("StopContainer", &req).await?;
+        self.replied_updates(&resp.update);
+        Ok(resp)
+    }
+
+    /// Records and applies the updates an event reply carried.
+    fn replied_updates(&self, updates: &[ContainerUpdate]) {
+        if updates.is_empty() {
+            return;
+        }
+        self.state().reply_updates.extend(updates.iter().cloned());
+        self.apply_updates(updates);
     }
 
     /// Sends a notification event (RunPodSandbox, StopPodSandbox, RemovePodSandbox,
@@ -205,6 +217,14 @@ pub fn encode_sync_chunks(pods: &[PodSandbox], containers: &[Container]) -> Vec<
     }
     chunks.push(cur);
     chunks
+}
+
+/// Whether NRI version `v` has the fix for plugin pushes during events (v0.12.1, nri#301).
+pub(super) fn pushes_are_safe(v: &str) -> bool {
+    let v = v.trim_start_matches('v');
+    let mut it = v.split(|c: char| !c.is_ascii_digit());
+    let mut next = || it.next().and_then(|s| s.parse::<u32>().ok()).unwrap_or(0);
+    (next(), next(), next()) >= (0, 12, 1)
 }
 
 fn nri_minor(v: &str) -> u32 {

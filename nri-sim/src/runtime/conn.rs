@@ -236,6 +236,14 @@ impl FakeRuntime {
                 let mut resp = UpdateContainersResponse::new();
                 {
                     let mut st = self.state();
+                    if self.inner.config.pushes_hang
+                        && !super::calls::pushes_are_safe(&self.inner.config.nri_version)
+                    {
+                        st.errors.push(format!(
+                            "UpdateContainers from the plugin on NRI {}: a real runtime before v0.12.1 hangs when such a push meets an event in progress",
+                            self.inner.config.nri_version
+                        ));
+                    }
                     if st.fail_updates > 0 {
                         st.fail_updates -= 1;
                         resp.failed = r.update.clone();

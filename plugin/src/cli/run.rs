@@ -25,8 +25,8 @@ pub fn drop_privileges(cfg: &Config) {
 /// Runs until SIGTERM or SIGINT, with `registry` as the policies pools may name.
 pub async fn run(cfg: &Config, registry: &Registry) -> anyhow::Result<ExitCode> {
     // Installed before anything starts: a SIGTERM while the daemon starts (systemctl stop, or a
-    // test stopping it the moment the gate opens) is a clean stop once startup is done, never the
-    // default action's silent death.
+    // test stopping it the moment the gate opens) stops it at once, never the default action's
+    // silent death.
     let mut stop = StopSignals::install()?;
     let launched = crate::preflight::launched_by_runtime();
     let report = crate::preflight::run(&crate::preflight::PreflightPaths {
@@ -44,16 +44,24 @@ pub async fn run(cfg: &Config, registry: &Registry) -> anyhow::Result<ExitCode> 
         tracing::info!(dir = %dir.display(), "created a missing directory");
     }
     let crash = crate::engine::hook_from_env().map_err(anyhow::Error::msg)?;
-    let daemon = Daemon::start(
+    let starting = Daemon::start(
         cfg,
         DaemonOptions {
             crash,
             registry: registry.clone(),
             ..DaemonOptions::default()
         },
-    )
-    .await
-    .context("starting nri-accel")?;
+    );
+    // A stop while starting (waiting for the node lock, say) stops at once: the start is
+    // dropped before it binds a socket or registers with the runtime. Dropping it at any later
+    // step is no worse than a kill there, which every step survives.
+    let daemon = tokio::select! {
+        started = starting => started.context("starting nri-accel")?,
+        _ = stop.recv() => {
+            tracing::info!("stopped while starting; nothing was served");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let metrics = match cfg.metrics.listen {
         Some(addr) => Some(
             crate::metrics::serve(addr, daemon.metrics().clone(), daemon.health().clone())

@@ -9,34 +9,18 @@ use policies::{ContainerUpdate, CpuSet, DeviceNode, FamilyKind};
 use tokio::sync::watch;
 
 use super::annotations;
-use super::containers::{ContainerMap, ContainerView, claim_of_cdi_name};
+use super::containers::{ContainerMap, ContainerView, claim_of_cdi_name, short_id};
+use super::pods::PodAsks;
 use crate::engine::{Engine, Origin};
 
-/// How the grant of an annotation claim reaches the container.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Injection {
-    /// CDI device names in the adjustment (containerd 2.1+/1.7.30+, CRI-O 1.34+).
-    Cdi,
-    /// Device nodes, device cgroup rules, env and mounts in the adjustment.
-    DeviceNodes,
-}
-
-impl Injection {
-    /// The name the config gives this way (`nri.cdi_injection`): `cdi` or `device-nodes`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Injection::Cdi => "cdi",
-            Injection::DeviceNodes => "device-nodes",
-        }
-    }
-}
-
-/// What a container is given when it is created.
+/// What a container is given when it is created. The annotation path's grant is injected as
+/// device nodes, device cgroup rules, env and mounts, never as CDI device names: its spec is
+/// written inside CreateContainer, and a runtime's CDI cache (containerd's watches the
+/// directory) cannot be relied on to have seen a file written in the same breath as the reply
+/// that names it (docs/operator-guide.md, "How the annotation path injects devices").
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerGrant {
-    /// CDI device names to inject (when injecting through CDI).
-    pub cdi_devices: Vec<String>,
-    /// Device nodes to create and allow (when injecting directly).
+    /// Device nodes to create and allow.
     pub device_nodes: Vec<DeviceNode>,
     /// Environment to set.
     pub env: Vec<(String, String)>,
@@ -77,6 +61,12 @@ pub struct Agent {
     removals: tokio::sync::Mutex<()>,
     /// Synchronizes started and finished, their release work included.
     syncs: Arc<watch::Sender<(u64, u64)>>,
+    /// Which container names the pods on the annotation path ask devices for, and which
+    /// appeared (a name that never appears gets no device: say so).
+    asks: Mutex<PodAsks>,
+    /// Running containers whose pod asks devices for them and that hold none (created while
+    /// nri-accel was not connected), as found by the latest Synchronize: container -> what.
+    unmet: Mutex<BTreeMap<String, String>>,
 }
 
 /// What the first part of a Synchronize found: the container updates to answer with, and the
@@ -112,6 +102,18 @@ pub fn annotation_claim_uid(container_id: &str) -> String {
     format!("ctr-{id}")
 }
 
+/// `carried` (older) overridden by `newer` for the same container, sorted by container.
+fn merge_updates(
+    carried: Vec<ContainerUpdate>,
+    newer: Vec<ContainerUpdate>,
+) -> Vec<ContainerUpdate> {
+    let mut by_id: BTreeMap<String, ContainerUpdate> = BTreeMap::new();
+    for u in carried.into_iter().chain(newer) {
+        by_id.insert(u.container_id.clone(), u);
+    }
+    by_id.into_values().collect()
+}
+
 /// Who owns which claims, read once per Synchronize.
 #[derive(Default)]
 struct Owners {
@@ -131,6 +133,8 @@ impl Agent {
             sections: Mutex::new(Vec::new()),
             removals: tokio::sync::Mutex::new(()),
             syncs: Arc::new(watch::channel((0, 0)).0),
+            asks: Mutex::new(PodAsks::default()),
+            unmet: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -313,7 +317,7 @@ impl Agent {
                 .engine
                 .container_started(&c.id, &claim_list, &c.placement);
             self.device_plugin_used(c, &claim_list).await;
-            self.containers().set(&c.id, claims);
+            self.containers().set(c, claims, true);
             // The adjustment holds only what changes: a container already where it belongs
             // gets no update (every update is a cgroup write in the runtime).
             if adjustment.cpus.is_some() || adjustment.mems.is_some() {
@@ -324,6 +328,7 @@ impl Agent {
                 });
             }
         }
+        self.report_unmet(views);
         // Synchronize recomputed every cpuset: older pending updates are superseded.
         self.engine.forget_containers_except(&BTreeSet::new()).await;
         let mut gone: BTreeSet<String> = owners
@@ -345,6 +350,52 @@ impl Agent {
         }
     }
 
+    /// Records and reports the running containers whose pod asks devices for them on the
+    /// annotation path and that hold no annotation claim: they were created while nri-accel was
+    /// not connected to the runtime, so nothing injected the devices. A running container
+    /// cannot be given devices afterwards; the pod must be recreated.
+    fn report_unmet(&self, views: &[ContainerView]) {
+        let prefix = &self.settings.annotation_prefix;
+        let mut unmet = BTreeMap::new();
+        for c in views
+            .iter()
+            .filter(|c| !c.stopped && !c.pod_annotations.is_empty())
+        {
+            let pod = format!("{}/{}", c.pod_namespace, c.pod_name);
+            let ask = match annotations::container_ask(prefix, &pod, &c.pod_annotations, &c.name) {
+                Ok(Some(_)) => annotations::key_for(prefix, &c.name),
+                Ok(None) => continue,
+                Err(e) => e.to_string(),
+            };
+            let holds = self
+                .engine
+                .owned_by(&c.id)
+                .iter()
+                .any(|(_, o)| matches!(o, Origin::Annotation { .. }));
+            if holds {
+                continue;
+            }
+            let what = format!("{pod}/{}: {ask}", c.name);
+            tracing::warn!(container = %short_id(&c.id), pod = %pod, name = %c.name, ask = %ask,
+                "a running container's pod asks for devices it does not have: it was created while nri-accel was not connected to the runtime; recreate the pod (docs/operator-guide.md, \"Making nri-accel required for pods that ask for devices\")");
+            unmet.insert(c.id.clone(), what);
+        }
+        *self.unmet.lock().unwrap_or_else(|e| e.into_inner()) = unmet;
+    }
+
+    /// The running containers whose pod asks devices for them and that hold none (see
+    /// [`Agent::synchronize`]): container -> `namespace/pod/container: annotation`.
+    pub fn unmet_asks(&self) -> BTreeMap<String, String> {
+        self.unmet.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn forget_unmet(&self, id: &str) {
+        self.unmet
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+
     /// Forgets the containers that are gone and releases the claims that lived with them (an
     /// adopted claim another running container still uses is handed over instead). The removals
     /// run at once, so their commits share fsyncs.
@@ -358,14 +409,16 @@ impl Agent {
     }
 
     /// A container is being created: run the annotation path if the pod asks for
-    /// accelerators for it, and answer its grant and the updates other containers need.
+    /// accelerators for it, and answer its grant and the updates other containers need (those
+    /// this creation makes and every pending one: a reply is where updates may safely go).
     /// An error is one sentence that fails the container's creation.
     pub async fn create_container(
         &self,
         c: &ContainerView,
-        injection: Injection,
     ) -> Result<(ContainerGrant, Vec<ContainerUpdate>), String> {
         let pod = format!("{}/{}", c.pod_namespace, c.pod_name);
+        self.release_failed_attempts(c).await;
+        self.note_asks(c);
         let ask = annotations::container_ask(
             &self.settings.annotation_prefix,
             &pod,
@@ -373,8 +426,27 @@ impl Agent {
             &c.name,
         )
         .map_err(|e| e.to_string())?;
+        // Claims named by the container's CDI devices: held while the container is mapped, so
+        // an unprepare cannot release one between the check and the mapping.
+        let named: BTreeSet<String> = c
+            .cdi_devices
+            .iter()
+            .filter_map(|n| claim_of_cdi_name(&self.settings.cdi_kind, n))
+            .collect();
+        let mut locks = Vec::with_capacity(named.len());
+        for uid in &named {
+            locks.push(self.engine.lock_claim(uid).await);
+        }
+        if let Some(uid) = named
+            .iter()
+            .find(|uid| self.engine.with_node(|n| n.allocation(uid).is_none()))
+        {
+            return Err(format!(
+                "container {} of pod {pod} names CDI devices of claim {uid}, which is not prepared on this node (it was unprepared, or never prepared): prepare the claim again, then create the container",
+                c.name
+            ));
+        }
         let mut grant = ContainerGrant::default();
-        let mut updates = Vec::new();
         if let Some(ask) = ask {
             let uid = annotation_claim_uid(&c.id);
             let claim = ask.to_claim(
@@ -382,8 +454,7 @@ impl Agent {
                 &c.pod_namespace,
                 &format!("{}/{}", c.pod_name, c.name),
             );
-            let prepared = self
-                .engine
+            self.engine
                 .prepare_as(
                     claim,
                     Origin::Annotation {
@@ -392,28 +463,20 @@ impl Agent {
                 )
                 .await
                 .map_err(|e| format!("container {} of pod {pod}: {e}", c.name))?;
-            updates.extend(prepared.updates.iter().cloned());
-            match injection {
-                Injection::Cdi => {
-                    grant.cdi_devices = prepared.devices.iter().map(|d| d.cdi_id.clone()).collect();
-                }
-                Injection::DeviceNodes => {
-                    let edits = self.engine.with_node(|n| n.edits(&uid)).unwrap_or_default();
-                    let mut seen = BTreeSet::new();
-                    for e in edits {
-                        for node in e.device_nodes {
-                            if seen.insert(node.path.clone()) {
-                                grant.device_nodes.push(node);
-                            }
-                        }
-                        grant.env.extend(e.env);
-                        grant.mounts.extend(
-                            e.mounts
-                                .into_iter()
-                                .map(|m| (m.host_path, m.container_path, m.options)),
-                        );
+            let edits = self.engine.with_node(|n| n.edits(&uid)).unwrap_or_default();
+            let mut seen = BTreeSet::new();
+            for e in edits {
+                for node in e.device_nodes {
+                    if seen.insert(node.path.clone()) {
+                        grant.device_nodes.push(node);
                     }
                 }
+                grant.env.extend(e.env);
+                grant.mounts.extend(
+                    e.mounts
+                        .into_iter()
+                        .map(|m| (m.host_path, m.container_path, m.options)),
+                );
             }
         }
         let own = annotation_claim_uid(&c.id);
@@ -428,9 +491,11 @@ impl Agent {
         let (adjustment, more) = self
             .engine
             .container_started(&c.id, &claim_list, &c.placement);
-        updates.extend(more);
+        self.containers().set(c, claims, false);
+        // Mapped: an unprepare now sees the container. Recording a device plugin claim's user
+        // takes that claim's lock itself.
+        drop(locks);
         self.device_plugin_used(c, &claim_list).await;
-        self.containers().set(&c.id, claims);
         for (k, v) in adjustment.env {
             match grant.env.iter_mut().find(|(key, _)| *key == k) {
                 Some(existing) => existing.1 = v,
@@ -440,7 +505,44 @@ impl Agent {
         // Only what changes: two plugins setting the same field fail the creation.
         grant.cpus = adjustment.cpus;
         grant.mems = adjustment.mems;
-        Ok((grant, updates))
+        let carried = self.engine.take_pending_for_reply(&c.id).await;
+        Ok((grant, merge_updates(carried, more)))
+    }
+
+    /// Releases the grants of earlier attempts at creating `c` that never came to exist: the
+    /// runtime's create failed after nri-accel answered (a command that does not exist, say),
+    /// and CRI-O sends no event for such a container. The pod retrying the same container is
+    /// the proof: a runtime never creates two containers of one name in a pod at once.
+    async fn release_failed_attempts(&self, c: &ContainerView) {
+        let failed = self.containers().failed_attempts(c);
+        for old in failed {
+            tracing::info!(container = %short_id(&old), retry = %short_id(&c.id), name = %c.name,
+                pod = %format!("{}/{}", c.pod_namespace, c.pod_name),
+                "releasing the grant of a container whose creation failed (the pod is creating it again)");
+            if let Err(e) = self.remove_container(&old).await {
+                tracing::error!(container = %old, error = %e, "could not release the grant of a container whose creation failed");
+            }
+        }
+    }
+
+    /// Records the names `c`'s pod asks devices for and that `c` appeared; warns at once when
+    /// the runtime reports no container name (CRI-O takes it from the
+    /// `io.kubernetes.container.name` label).
+    fn note_asks(&self, c: &ContainerView) {
+        let asked = annotations::asked_names(&self.settings.annotation_prefix, &c.pod_annotations);
+        if asked.is_empty() {
+            return;
+        }
+        let label = format!("{}/{}", c.pod_namespace, c.pod_name);
+        if c.name.is_empty() {
+            tracing::warn!(container = %short_id(&c.id), pod = %label, asked = %asked.join(","),
+                "the runtime reports no name for this container, so it gets none of the devices its pod asks for by container name (CRI-O takes the name from the io.kubernetes.container.name label: a CRI client must set it)");
+        }
+        self.asks().seen(&c.pod_id, &label, asked, &c.name);
+    }
+
+    fn asks(&self) -> MutexGuard<'_, PodAsks> {
+        self.asks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records `c` as the first user of the device plugin claims among `claims` (it was
@@ -470,9 +572,51 @@ impl Agent {
         }
     }
 
-    /// A container stopped: it no longer takes part in CPU pool updates.
-    pub fn stop_container(&self, id: &str) {
+    /// A container is being stopped: it no longer uses its devices, so the claims scoped to it
+    /// on the annotation path are released (the pod's next attempt at the container, or
+    /// another pod, may have them), and it leaves the CPU pool updates. Answers the updates
+    /// for the StopContainer reply: those the release made and every pending one.
+    pub async fn stop_container(&self, id: &str) -> Vec<ContainerUpdate> {
         self.containers().remove(id);
+        self.forget_unmet(id);
+        for (uid, origin) in self.engine.owned_by(id) {
+            if !matches!(origin, Origin::Annotation { .. }) {
+                continue;
+            }
+            if let Err(e) = self.engine.unprepare(&uid).await {
+                tracing::error!(container = %id, claim = %uid, error = %e,
+                    "could not release the claim of a stopped container; its removal retries");
+            }
+        }
+        self.engine.take_pending_for_reply(id).await
+    }
+
+    /// The runtime created the container (PostCreateContainer): its grant is no longer a
+    /// failed attempt's.
+    pub fn container_created(&self, id: &str) {
+        self.containers().created(id);
+    }
+
+    /// A pod sandbox stopped or was removed: the grants of its containers go with it, those of
+    /// containers that never came to exist too (no event names them). Warns about container
+    /// names the pod asked devices for that never appeared.
+    pub async fn pod_gone(&self, pod_id: &str) {
+        if let Some(never) = self.asks().pod_gone(pod_id) {
+            tracing::warn!(pod = %never.pod, names = %never.names.join(","), seen = %never.seen.join(","),
+                "the pod asked for devices for containers the runtime never created under those names: they got no device (check the names in the pod's annotations; CRI-O takes a container's name from its io.kubernetes.container.name label)");
+        }
+        let containers = self.containers().of_pod(pod_id);
+        for id in containers {
+            if let Err(e) = self.remove_container(&id).await {
+                tracing::error!(container = %id, error = %e, "could not release the claims of a container whose pod is gone");
+            }
+        }
+    }
+
+    /// The containers using claim `uid`, each as `id (namespace/pod/container)`: a claim they
+    /// use is not released under them.
+    pub fn users_of(&self, uid: &str) -> Vec<String> {
+        self.containers().holders_described(uid)
     }
 
     /// A container was removed: the claims scoped to it are released, except an adopted claim
@@ -484,6 +628,7 @@ impl Agent {
     /// own and releases or hands it over in turn.
     pub async fn remove_container(&self, id: &str) -> Result<(), String> {
         let failed = |e: crate::engine::EngineError| format!("container {id}: {e}");
+        self.forget_unmet(id);
         {
             let _turn = self.removals.lock().await;
             self.containers().remove(id);
@@ -521,6 +666,12 @@ impl Agent {
         })
     }
 
+    /// Forgets what the pods that are no longer present asked (a Synchronize lists those that
+    /// are).
+    pub fn pods_listed(&self, pod_ids: &BTreeSet<String>) {
+        self.asks().retain(pod_ids);
+    }
+
     /// The containers holding claims, and their claims.
     pub fn container_claims(&self) -> BTreeMap<String, BTreeSet<String>> {
         self.containers()
@@ -542,6 +693,10 @@ impl Agent {
                 .unwrap_or_else(|e| e.into_inner())
                 .iter()
                 .map(|(name, section)| (*name, section()))
+                .chain(std::iter::once((
+                    "unmet_asks",
+                    serde_json::to_value(self.unmet_asks()).unwrap_or_default(),
+                )))
                 .collect(),
         };
         self.engine

@@ -79,6 +79,16 @@ pub fn key_for(prefix: &str, container: &str) -> String {
     format!("{prefix}/container.{container}")
 }
 
+/// The container names a pod's annotations ask devices for, sorted.
+pub fn asked_names(prefix: &str, annotations: &BTreeMap<String, String>) -> Vec<String> {
+    let sibling_prefix = format!("{prefix}/container.");
+    annotations
+        .range(sibling_prefix.clone()..)
+        .take_while(|(key, _)| key.starts_with(&sibling_prefix))
+        .map(|(key, _)| key[sibling_prefix.len()..].to_string())
+        .collect()
+}
+
 /// The request of `container` in the pod's annotations, if any; refuses pods
 /// whose containers ask for two vendors.
 pub fn container_ask(

@@ -19,6 +19,11 @@ pub struct ContainerView {
     pub pod_name: String,
     /// Pod UID.
     pub pod_uid: String,
+    /// The pod sandbox's ID (the runtime's, as its pod events name it).
+    pub pod_id: String,
+    /// Whether the runtime reports the container stopped (a Synchronize lists exited
+    /// containers that were not removed yet).
+    pub stopped: bool,
     /// The pod's annotations the annotation path reads (those under its prefix), for a
     /// container being created; empty for the running containers of a Synchronize, where
     /// nothing reads them.
@@ -43,57 +48,126 @@ pub fn claim_of_cdi_name(kind: &str, name: &str) -> Option<String> {
     Some(uid.to_string())
 }
 
+/// A container that holds claims, as the agent tracks it.
+#[derive(Debug, Clone, Default)]
+struct Tracked {
+    claims: BTreeSet<String>,
+    /// The pod sandbox's ID: a pod that goes away takes its containers' grants with it.
+    pod_id: String,
+    /// `namespace/pod/container`, for messages.
+    label: String,
+    /// The container's name within its pod.
+    name: String,
+    /// Whether the runtime said the container exists (PostCreateContainer, or a Synchronize
+    /// listed it). A grant whose container never comes to exist (the runtime's create failed
+    /// after nri-accel answered) is released when the pod goes or creates its next attempt.
+    created: bool,
+}
+
 /// The running containers that hold claims, and the claims each holds. A container without
 /// claims has no entry: the policy's node already knows it for its cpuset, and a big node
 /// runs tens of thousands of them.
 #[derive(Debug, Default)]
 pub struct ContainerMap {
-    claims: BTreeMap<String, BTreeSet<String>>,
+    tracked: BTreeMap<String, Tracked>,
 }
 
 impl ContainerMap {
-    /// Records that `container` holds `claims` (replacing what was known; none: forgotten).
-    pub fn set(&mut self, container: &str, claims: BTreeSet<String>) {
+    /// Records that container `c` holds `claims` (replacing what was known; none: forgotten).
+    /// `created` says whether the runtime already reported the container as existing.
+    pub fn set(&mut self, c: &ContainerView, claims: BTreeSet<String>, created: bool) {
         if claims.is_empty() {
-            self.claims.remove(container);
+            self.tracked.remove(&c.id);
         } else {
-            self.claims.insert(container.to_string(), claims);
+            self.tracked.insert(
+                c.id.clone(),
+                Tracked {
+                    claims,
+                    pod_id: c.pod_id.clone(),
+                    label: format!("{}/{}/{}", c.pod_namespace, c.pod_name, c.name),
+                    name: c.name.clone(),
+                    created,
+                },
+            );
+        }
+    }
+
+    /// Marks a container as existing (the runtime's PostCreateContainer).
+    pub fn created(&mut self, container: &str) {
+        if let Some(t) = self.tracked.get_mut(container) {
+            t.created = true;
         }
     }
 
     /// Forgets a container.
     pub fn remove(&mut self, container: &str) -> Option<BTreeSet<String>> {
-        self.claims.remove(container)
+        self.tracked.remove(container).map(|t| t.claims)
     }
 
     /// Keeps only the containers in `live`.
     pub fn retain(&mut self, live: &BTreeSet<String>) {
-        self.claims.retain(|c, _| live.contains(c));
+        self.tracked.retain(|c, _| live.contains(c));
     }
 
     /// Containers and their claims.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &BTreeSet<String>)> {
-        self.claims.iter()
+        self.tracked.iter().map(|(id, t)| (id, &t.claims))
     }
 
     /// Number of containers holding claims.
     pub fn len(&self) -> usize {
-        self.claims.len()
+        self.tracked.len()
     }
 
     /// Whether no container holds a claim.
     pub fn is_empty(&self) -> bool {
-        self.claims.is_empty()
+        self.tracked.is_empty()
     }
 
-    /// Containers holding `claim`.
+    /// The containers holding `claim`.
     pub fn holders(&self, claim: &str) -> Vec<String> {
-        self.claims
+        self.tracked
             .iter()
-            .filter(|(_, c)| c.contains(claim))
+            .filter(|(_, t)| t.claims.contains(claim))
             .map(|(id, _)| id.clone())
             .collect()
     }
+
+    /// The containers holding `claim`, each as `id (namespace/pod/container)`, for messages.
+    pub fn holders_described(&self, claim: &str) -> Vec<String> {
+        self.tracked
+            .iter()
+            .filter(|(_, t)| t.claims.contains(claim))
+            .map(|(id, t)| format!("{} ({})", short_id(id), t.label))
+            .collect()
+    }
+
+    /// The containers of pod sandbox `pod_id`.
+    pub fn of_pod(&self, pod_id: &str) -> Vec<String> {
+        self.tracked
+            .iter()
+            .filter(|(_, t)| t.pod_id == pod_id)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Earlier attempts at container `c`: containers of the same pod and name, other than `c`,
+    /// that the runtime never reported as created (their creation failed after nri-accel
+    /// answered: CRI-O sends no event for them).
+    pub fn failed_attempts(&self, c: &ContainerView) -> Vec<String> {
+        self.tracked
+            .iter()
+            .filter(|(id, t)| {
+                !t.created && **id != c.id && t.pod_id == c.pod_id && t.name == c.name
+            })
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+}
+
+/// The first 12 characters of a container ID, as runtimes' CLIs print them.
+pub fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
 }
 
 #[cfg(test)]

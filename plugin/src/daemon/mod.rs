@@ -5,9 +5,9 @@ pub mod annotations;
 pub mod containers;
 pub mod dra;
 
-pub use agent::{
-    Agent, AgentSettings, ContainerGrant, Injection, StatusSection, annotation_claim_uid,
-};
+pub mod pods;
+
+pub use agent::{Agent, AgentSettings, ContainerGrant, StatusSection, annotation_claim_uid};
 pub use containers::{ContainerView, claim_of_cdi_name};
 pub mod nri;
 pub mod run;

@@ -6,61 +6,51 @@
 //! the runtime's deadline passes or the connection closes, the NRI server drops
 //! the handler, not the work, so a prepare or a release is never left half done
 //! (the claims API runs its engine calls the same way). Inside that scope no
-//! UpdateContainers is sent: updates are committed as pending and pushed by the
-//! daemon's flusher, or carried in the handler's response where the message has
-//! a field for them (CreateContainer, Synchronize). A panic in the work is
-//! raised again in the handler, where the NRI server answers that request with
-//! INTERNAL and goes on.
+//! UpdateContainers is sent: updates are committed as pending and carried in the
+//! replies that have a field for them (CreateContainer, StopContainer,
+//! Synchronize); the daemon's flusher pushes what is left only on runtimes whose
+//! NRI allows it (see `engine::Delivery`). A panic in the work is raised again in
+//! the handler, where the NRI server answers that request with INTERNAL and goes
+//! on.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use nri_proto::api::{
-    CDIDevice, ConfigureRequest, Container, ContainerAdjustment, ContainerUpdate, Event, KeyValue,
-    LinuxCPU, LinuxContainerAdjustment, LinuxContainerUpdate, LinuxDevice, LinuxDeviceCgroup,
-    LinuxResources, Mount, OptionalInt64, PodSandbox,
+    ConfigureRequest, Container, ContainerAdjustment, ContainerUpdate, Event, KeyValue, LinuxCPU,
+    LinuxContainerAdjustment, LinuxContainerUpdate, LinuxDevice, LinuxDeviceCgroup, LinuxResources,
+    Mount, OptionalInt64, PodSandbox,
 };
 use nri_proto::protobuf::MessageField;
 use nri_proto::{EventMask, Plugin, PluginError, SyncContainer, SyncDecoding, SyncPod};
 use policies::{CpuSet, Placement};
 
-use super::agent::{Agent, ContainerGrant, Injection};
+use super::agent::{Agent, ContainerGrant};
 use super::containers::ContainerView;
-use crate::config::CdiInjection;
-use crate::engine::in_nri_handler;
+use crate::engine::{Delivery, in_nri_handler};
 use crate::metrics::Metrics;
-
-/// Runtimes known to honour CDI device names in adjustments: (name, first version).
-const CDI_ADJUSTMENT_RUNTIMES: [(&str, (u32, u32, u32)); 2] =
-    [("containerd", (2, 1, 0)), ("cri-o", (1, 34, 0))];
 
 /// The daemon's NRI plugin.
 pub struct NriPlugin {
     agent: Arc<Agent>,
     metrics: Arc<Metrics>,
-    injection_setting: CdiInjection,
-    injection: Mutex<Injection>,
 }
 
 impl NriPlugin {
-    /// A plugin over `agent`; `setting` is the config's `nri.cdi_injection`.
-    pub fn new(agent: Arc<Agent>, setting: CdiInjection, metrics: Arc<Metrics>) -> Self {
-        let initial = match setting {
-            CdiInjection::Cdi => Injection::Cdi,
-            _ => Injection::DeviceNodes,
-        };
-        NriPlugin {
-            agent,
-            metrics,
-            injection_setting: setting,
-            injection: Mutex::new(initial),
-        }
+    /// A plugin over `agent`.
+    pub fn new(agent: Arc<Agent>, metrics: Arc<Metrics>) -> Self {
+        NriPlugin { agent, metrics }
     }
 
-    fn injection(&self) -> Injection {
-        *self.injection.lock().unwrap_or_else(|e| e.into_inner())
+    /// A pod stopped or was removed: the grants of its containers go (see
+    /// [`Agent::pod_gone`]); the event's reply has no update list.
+    async fn pod_gone(&self, pod: &PodSandbox) -> Result<(), PluginError> {
+        let (agent, id) = (self.agent.clone(), pod.id.clone());
+        detached(async move { agent.pod_gone(&id).await }).await?;
+        self.agent.engine().wake_flusher();
+        Ok(())
     }
 }
 
@@ -78,31 +68,6 @@ async fn detached<T: Send + 'static>(
     }
 }
 
-/// Whether a runtime honours CDI device names in NRI adjustments.
-pub fn runtime_honours_cdi(name: &str, version: &str) -> bool {
-    let v = parse_version(version);
-    let name = name.to_ascii_lowercase();
-    if name.contains("containerd") {
-        // 1.7.30+ backported the support; 2.0.x drops CDI adjustments silently.
-        return v >= (2, 1, 0) || (v.0 == 1 && v.1 == 7 && v.2 >= 30);
-    }
-    CDI_ADJUSTMENT_RUNTIMES
-        .iter()
-        .any(|(n, first)| name.contains(n) && v >= *first)
-}
-
-fn parse_version(v: &str) -> (u32, u32, u32) {
-    let mut parts = v
-        .trim_start_matches('v')
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-    )
-}
-
 /// The agent's view of a container being created. Of the pod's annotations only those the
 /// annotation path reads are copied: those under `annotation_prefix` (a CRI pod carries a few
 /// kilobytes of others). The running containers of a Synchronize have [`sync_view`].
@@ -117,6 +82,8 @@ pub fn view(pod: &PodSandbox, c: &Container, annotation_prefix: &str) -> Contain
         pod_namespace: pod.namespace.clone(),
         pod_name: pod.name.clone(),
         pod_uid: pod.uid.clone(),
+        pod_id: pod.id.clone(),
+        stopped: false,
         pod_annotations: pod
             .annotations
             .iter()
@@ -143,8 +110,8 @@ pub fn view(pod: &PodSandbox, c: &Container, annotation_prefix: &str) -> Contain
     }
 }
 
-/// The daemon's view of a running container of a lean Synchronize: no pod annotations (the
-/// annotation path reads them only for a container being created).
+/// The daemon's view of a running container of a lean Synchronize, with the pod annotations of
+/// the annotation path the lean decoding kept.
 pub fn sync_view(pod: &SyncPod, c: &SyncContainer) -> ContainerView {
     ContainerView {
         id: c.id.clone(),
@@ -152,7 +119,9 @@ pub fn sync_view(pod: &SyncPod, c: &SyncContainer) -> ContainerView {
         pod_namespace: pod.namespace.clone(),
         pod_name: pod.name.clone(),
         pod_uid: pod.uid.clone(),
-        pod_annotations: BTreeMap::new(),
+        pod_id: pod.id.clone(),
+        stopped: c.state == nri_proto::api::ContainerState::CONTAINER_STOPPED as i32,
+        pod_annotations: pod.annotations.iter().cloned().collect(),
         cdi_devices: c.cdi_devices.clone(),
         device_nodes: char_devices(
             c.devices
@@ -188,15 +157,6 @@ fn reported_set(list: &str) -> Option<CpuSet> {
 /// The NRI adjustment for a grant.
 pub fn adjustment(grant: &ContainerGrant) -> ContainerAdjustment {
     let mut adj = ContainerAdjustment::new();
-    adj.CDI_devices = grant
-        .cdi_devices
-        .iter()
-        .map(|n| {
-            let mut d = CDIDevice::new();
-            d.name = n.clone();
-            d
-        })
-        .collect();
     adj.env = grant
         .env
         .iter()
@@ -296,23 +256,30 @@ impl Plugin for NriPlugin {
     fn events(&self) -> EventMask {
         EventMask::of(&[
             Event::CREATE_CONTAINER,
+            Event::POST_CREATE_CONTAINER,
             Event::STOP_CONTAINER,
             Event::REMOVE_CONTAINER,
+            Event::STOP_POD_SANDBOX,
+            Event::REMOVE_POD_SANDBOX,
         ])
     }
 
     async fn configure(&self, req: &ConfigureRequest) -> Result<Option<EventMask>, PluginError> {
-        let honours = runtime_honours_cdi(&req.runtime_name, &req.runtime_version);
-        let chosen = match self.injection_setting {
-            CdiInjection::Cdi => Injection::Cdi,
-            CdiInjection::DeviceNodes => Injection::DeviceNodes,
-            CdiInjection::Auto if honours => Injection::Cdi,
-            CdiInjection::Auto => Injection::DeviceNodes,
+        let delivery = Delivery::for_nri_version(&req.NRI_version);
+        self.agent.engine().set_delivery(delivery);
+        let nri_version = if req.NRI_version.is_empty() {
+            "before v0.12 (not reported)"
+        } else {
+            req.NRI_version.as_str()
         };
-        *self.injection.lock().unwrap_or_else(|e| e.into_inner()) = chosen;
         tracing::info!(runtime = %req.runtime_name, version = %req.runtime_version,
-            nri_version = %req.NRI_version, injection = %chosen.as_str(), "configured by the runtime");
+            nri_version = %nri_version, updates = %delivery.as_str(), "configured by the runtime");
         Ok(None)
+    }
+
+    fn synchronize_pod_annotations(&self) -> Option<String> {
+        // The annotation path's keys: running containers are checked against their asks.
+        Some(format!("{}/", self.agent.annotation_prefix()))
     }
 
     fn synchronize_decoding(&self) -> SyncDecoding {
@@ -345,6 +312,8 @@ impl Plugin for NriPlugin {
         // goes on after the answer, in the same task, and the gate waits for it.
         let agent = self.agent.clone();
         let pod_uids = pods.iter().map(|p| p.uid.clone()).collect();
+        self.agent
+            .pods_listed(&pods.iter().map(|p| p.id.clone()).collect());
         let finished = self.agent.sync_started();
         let (answer, answered) = tokio::sync::oneshot::channel();
         let work = tokio::spawn(in_nri_handler(async move {
@@ -403,23 +372,19 @@ impl Plugin for NriPlugin {
     ) -> Result<(ContainerAdjustment, Vec<ContainerUpdate>), PluginError> {
         let v = view(pod, container, self.agent.annotation_prefix());
         let started = std::time::Instant::now();
-        let injection = self.injection();
-        let result = if self.agent.may_prepare(&v) {
-            let (agent, c) = (self.agent.clone(), v.clone());
-            detached(async move { agent.create_container(&c, injection).await })
-                .await
-                .and_then(|r| r.map_err(PluginError::failed))
-        } else {
-            // Nothing to prepare: no engine work to protect from the deadline.
-            (self.agent.create_container(&v, injection).await).map_err(PluginError::failed)
-        };
+        // In a task of its own whether or not it prepares: the pending updates the reply takes
+        // are cleared by a commit, which must not be cut by the deadline either.
+        let (agent, c) = (self.agent.clone(), v.clone());
+        let result = detached(async move { agent.create_container(&c).await })
+            .await
+            .and_then(|r| r.map_err(PluginError::failed));
         self.metrics
             .record_nri_event("CreateContainer", started.elapsed(), result.is_err());
         match result {
             Ok((grant, updates)) => {
                 if !grant.is_empty() {
                     tracing::info!(container = %v.id, name = %v.name, pod = %format!("{}/{}", v.pod_namespace, v.pod_name),
-                        cdi_devices = grant.cdi_devices.len(), device_nodes = grant.device_nodes.len(), "container adjusted");
+                        device_nodes = grant.device_nodes.len(), updates = updates.len(), "container adjusted");
                 }
                 Ok((adjustment(&grant), updates.iter().map(update).collect()))
             }
@@ -430,13 +395,31 @@ impl Plugin for NriPlugin {
         }
     }
 
+    async fn post_create_container(
+        &self,
+        _pod: &PodSandbox,
+        container: &Container,
+    ) -> Result<(), PluginError> {
+        self.agent.container_created(&container.id);
+        Ok(())
+    }
+
     async fn stop_container(
         &self,
         _pod: &PodSandbox,
         container: &Container,
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
-        self.agent.stop_container(&container.id);
-        Ok(Vec::new())
+        let (agent, id) = (self.agent.clone(), container.id.clone());
+        let updates = detached(async move { agent.stop_container(&id).await }).await?;
+        Ok(updates.iter().map(update).collect())
+    }
+
+    async fn stop_pod_sandbox(&self, pod: &PodSandbox) -> Result<(), PluginError> {
+        self.pod_gone(pod).await
+    }
+
+    async fn remove_pod_sandbox(&self, pod: &PodSandbox) -> Result<(), PluginError> {
+        self.pod_gone(pod).await
     }
 
     async fn remove_container(
@@ -449,24 +432,10 @@ impl Plugin for NriPlugin {
         let result = detached(async move { agent.remove_container(&id).await })
             .await
             .and_then(|r| r.map_err(PluginError::failed));
+        // The reply has no update list: what the release gave back is pushed where allowed.
+        self.agent.engine().wake_flusher();
         self.metrics
             .record_nri_event("RemoveContainer", started.elapsed(), result.is_err());
         result
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn knows_which_runtimes_honour_cdi_adjustments() {
-        assert!(runtime_honours_cdi("containerd", "v2.1.0"));
-        assert!(runtime_honours_cdi("containerd", "1.7.30"));
-        assert!(!runtime_honours_cdi("containerd", "2.0.5"));
-        assert!(!runtime_honours_cdi("containerd", "1.7.29"));
-        assert!(runtime_honours_cdi("cri-o", "1.34.1"));
-        assert!(!runtime_honours_cdi("cri-o", "1.33.0"));
-        assert!(!runtime_honours_cdi("other", "9.9.9"));
     }
 }

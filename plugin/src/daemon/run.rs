@@ -114,6 +114,36 @@ pub struct Daemon {
     _lock: NodeLockGuard,
 }
 
+/// Takes the node lock, waiting up to [`NODE_LOCK_WAIT`] for another nri-accel to exit. The
+/// wait polls on the async runtime, so a caller that stops waiting (SIGTERM during startup)
+/// drops it at once and nothing is taken later behind its back.
+async fn wait_for_node_lock(lock: &NodeLock) -> Result<NodeLockGuard, DaemonError> {
+    let started = std::time::Instant::now();
+    let mut warned = false;
+    loop {
+        match lock.lock(Duration::ZERO) {
+            Ok(g) => return Ok(g),
+            Err(crate::nodelock::NodeLockError::Busy { .. })
+                if started.elapsed() < NODE_LOCK_WAIT =>
+            {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(lock = %lock.path().display(), "another nri-accel holds the node lock; waiting for it to exit");
+                }
+                tokio::time::sleep(crate::nodelock::POLL_INTERVAL).await;
+            }
+            Err(crate::nodelock::NodeLockError::Busy { path, .. }) => {
+                return Err(crate::nodelock::NodeLockError::Busy {
+                    path,
+                    waited: started.elapsed(),
+                }
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// Pushes container updates through the NRI connection.
 struct NriSink(Updater);
 
@@ -165,16 +195,7 @@ impl Daemon {
             .map_err(|e| DaemonError::StateDir(e.to_string()))?;
         let state_dir = Arc::new(state_dir);
         let lock = NodeLock::open_in(state_dir.clone())?;
-        let guard = match lock.lock(Duration::ZERO) {
-            Ok(g) => g,
-            Err(_) => {
-                tracing::warn!(lock = %lock.path().display(), "another nri-accel holds the node lock; waiting for it to exit");
-                let waiting = lock.clone();
-                tokio::task::spawn_blocking(move || waiting.lock(NODE_LOCK_WAIT))
-                    .await
-                    .map_err(|e| DaemonError::BootId(std::io::Error::other(e.to_string())))??
-            }
-        };
+        let guard = wait_for_node_lock(&lock).await?;
 
         let boot_id = match &opts.boot_id {
             Some(b) => b.clone(),
@@ -256,11 +277,7 @@ impl Daemon {
             None => builder.socket(config.nri.socket.clone()),
         };
         let stub = Arc::new(builder.build()?);
-        let plugin = Arc::new(NriPlugin::new(
-            agent.clone(),
-            config.nri.cdi_injection,
-            metrics.clone(),
-        ));
+        let plugin = Arc::new(NriPlugin::new(agent.clone(), metrics.clone()));
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(watch_connection(
             stub.subscribe(),
@@ -535,6 +552,8 @@ async fn watch_connection(
             }
             Ok(StubEvent::Disconnected { reason }) => {
                 engine.set_update_sink(None);
+                // Until the next runtime says which NRI it runs.
+                engine.set_delivery(crate::engine::Delivery::Replies);
                 health.set_runtime_connected(false);
                 health.set_gate_open(false);
                 metrics.set_gate_open(false);
@@ -596,6 +615,7 @@ pub fn refresh_gauges(agent: &Agent, metrics: &Metrics) {
         }
     });
     metrics.set_pending_updates(engine.pending_updates() as u64);
+    metrics.set_unmet_asks(agent.unmet_asks().len() as u64);
 }
 
 /// Keeps the `device_healthy` gauges equal to the health monitor's latest report.

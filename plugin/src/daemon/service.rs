@@ -156,11 +156,16 @@ impl ClaimService for ClaimsFacade {
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> UnprepareResults {
-        let engine = self.agent.engine();
+        let (agent, engine) = (&self.agent, self.agent.engine());
         let metrics = &self.metrics;
         let work = claims.into_iter().map(|c| async move {
             let started = std::time::Instant::now();
-            let result = engine.unprepare(&c.uid).await.map_err(|e| e.to_string());
+            // Never under running containers: the device would go to the next claim while they
+            // still hold it (docs/claims-api.md, "Unprepare").
+            let result = engine
+                .unprepare_unused(&c.uid, || agent.users_of(&c.uid))
+                .await
+                .map_err(|e| e.to_string());
             let outcome = if result.is_ok() {
                 Outcome::Ok
             } else {

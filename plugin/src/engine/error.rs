@@ -16,6 +16,17 @@ pub enum EngineError {
         /// Why it is refused.
         reason: String,
     },
+    /// An unprepare of a claim that running containers still use: releasing it would let the
+    /// next claim take a device those containers hold.
+    #[error(
+        "claim {claim} not unprepared: it is in use by container(s) {containers}; nothing was released: stop those containers first (the kubelet does before it unprepares), then unprepare again"
+    )]
+    InUse {
+        /// The claim.
+        claim: String,
+        /// The containers, each as `id (namespace/pod/container)`.
+        containers: String,
+    },
     /// The checkpoint could not be written or read.
     #[error(
         "claim {claim}: checkpoint: {source}; nothing was granted, retry once the state dir is writable"

@@ -41,7 +41,7 @@ pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
 pub use error::EngineError;
-pub use pending::{UpdateSink, in_handler, in_nri_handler};
+pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{ClaimRecord, DevicePluginOrigin, DevicePluginUser, Origin, PendingUpdate};
 
@@ -77,10 +77,6 @@ pub struct Prepared {
     pub devices: Vec<PreparedDevice>,
     /// Whether the claim was already prepared (an idempotent repeat).
     pub already: bool,
-    /// Container updates this claim's allocation made that were not pushed yet:
-    /// a prepare made inside an NRI handler answers them in that handler's
-    /// response (they also stay pending until the pusher delivers them).
-    pub updates: Vec<ContainerUpdate>,
 }
 
 /// What startup found and did.
@@ -310,6 +306,12 @@ impl Engine {
         .await
     }
 
+    /// Waits for claim `uid`'s lock: no prepare or unprepare of it runs while the guard lives
+    /// (the NRI side holds it while it maps a new container to the claim).
+    pub async fn lock_claim(&self, uid: &str) -> ClaimGuard<'_> {
+        self.claims.lock(uid).await
+    }
+
     /// Refuses DRA results naming another driver than `driver_name`, and share ids on
     /// devices that are not shared; nothing is allocated or written. The claims API and the
     /// DRA plugin call it before [`Engine::prepare`].
@@ -407,21 +409,14 @@ impl Engine {
                 return Err(e);
             }
         };
-        // The annotation path answers the updates in CreateContainer's response too.
-        let in_handler = matches!(origin, Origin::Annotation { .. });
         self.step(CrashPoint::AfterCheckpoint)?;
-        // Inside an NRI handler this only wakes the flusher (see `pending`).
+        // Pushed only where the runtime allows it and never from inside an NRI handler; the
+        // annotation path's CreateContainer reply carries them (see `pending`).
         if !outcome.updates.is_empty() {
             self.flush_pending().await;
         }
         self.step(CrashPoint::AfterUpdatePush)?;
-        let mut prepared = self
-            .grant(uid, &outcome.allocation, Some(commit_seq))
-            .await?;
-        if in_handler {
-            prepared.updates = outcome.updates;
-        }
-        Ok(prepared)
+        self.grant(uid, &outcome.allocation, Some(commit_seq)).await
     }
 
     /// Writes the claim's spec stamped with the commit that created its record, and answers
@@ -490,7 +485,6 @@ impl Engine {
             uid: uid.to_string(),
             devices,
             already,
-            updates: Vec::new(),
         })
     }
 
@@ -566,6 +560,28 @@ impl Engine {
         self.unprepare_locked(uid).await
     }
 
+    /// Releases a claim as [`Engine::unprepare`] does, unless `users` (asked under the claim's
+    /// lock) names containers that use it: then nothing is released and the answer says who.
+    /// The claims API and the DRA driver unprepare this way; the NRI side maps a new container
+    /// to a claim under the same lock ([`Engine::lock_claim`]), so no container can start
+    /// using a claim between the check and the release.
+    pub async fn unprepare_unused(
+        &self,
+        uid: &str,
+        users: impl FnOnce() -> Vec<String>,
+    ) -> Result<(), EngineError> {
+        check_uid(uid)?;
+        let _claim = self.claims.lock(uid).await;
+        let users = users();
+        if !users.is_empty() {
+            return Err(EngineError::InUse {
+                claim: uid.to_string(),
+                containers: users.join(", "),
+            });
+        }
+        self.unprepare_locked(uid).await
+    }
+
     async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
         let held = self.state().node.allocation(uid).is_some();
         if held {
@@ -627,10 +643,34 @@ impl Engine {
         self.pending.set_sink(sink);
     }
 
-    /// Pushes every pending container update; delivered ones are cleared, failed
-    /// ones stay pending. Returns how many are still pending.
+    /// How pending updates may reach the runtime: set from the runtime's NRI version when it
+    /// configures the plugin ([`Delivery::for_nri_version`]); [`Delivery::Replies`] until then.
+    pub fn set_delivery(&self, delivery: Delivery) {
+        self.pending.set_delivery(delivery);
+    }
+
+    /// How pending updates reach the runtime now.
+    pub fn delivery(&self) -> Delivery {
+        self.pending.delivery()
+    }
+
+    /// Every pending container update but those of `skip`, for an event reply to carry; they
+    /// are cleared (a reply's updates are never pushed too). Empty while a push is under way.
+    pub async fn take_pending_for_reply(&self, skip: &str) -> Vec<ContainerUpdate> {
+        pending::take_for_reply(self, skip).await
+    }
+
+    /// Pushes every pending container update where the runtime allows pushes (see
+    /// [`Delivery`]); delivered ones are cleared, failed ones stay pending. Returns how many
+    /// are still pending.
     pub async fn flush_pending(&self) -> usize {
         pending::flush(self).await
+    }
+
+    /// Wakes the daemon's flusher to push what is pending, where the runtime allows pushes: an
+    /// NRI handler whose reply has no update list calls it once its work is done.
+    pub fn wake_flusher(&self) {
+        pending::wake(self);
     }
 
     /// Resolves when updates committed inside an NRI handler wait for someone to push them (the

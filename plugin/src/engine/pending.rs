@@ -1,20 +1,30 @@
 //! Container updates waiting to reach the runtime.
 //!
-//! Updates are committed as pending before they are pushed and cleared only
-//! when the runtime took them; failed ones stay and are retried. Pushes go
-//! through [`UpdateSink`] and never from inside an NRI handler: runtimes before
-//! NRI v0.12.1 hold a lock for the whole event that UpdateContainers also takes,
-//! so a handler that waits for its own push waits until the runtime's deadline
-//! and is dropped (containerd#13733, nri#301).
+//! Updates are committed as pending before they are delivered and cleared only
+//! when the runtime took them. They reach the runtime two ways:
+//!
+//! - **In an event's reply.** CreateContainer and StopContainer replies (and
+//!   Synchronize's) carry an update list; [`take_for_reply`] hands every pending
+//!   update to such a reply and clears it, so nothing a reply carried is ever
+//!   pushed.
+//! - **Pushed** through [`UpdateSink`] (an unsolicited UpdateContainers), and
+//!   only where the runtime says it is safe ([`Delivery::Push`]). Runtimes
+//!   before NRI v0.12.1 (every containerd up to 2.3 and every CRI-O release)
+//!   take, for a plugin's UpdateContainers, a lock that an event in progress
+//!   holds while it waits for another: a push that meets any event in flight,
+//!   even one sent milliseconds after a handler answered, hangs the runtime for
+//!   good (containerd#13733, nri#301; seen on real containerd 1.7.34, 2.3.4 and
+//!   CRI-O 1.36). There updates wait for the next reply ([`Delivery::Replies`]).
 //!
 //! The rule is kept in one place. Work an NRI handler starts runs inside
-//! [`in_nri_handler`]; a flush asked for there pushes nothing: it wakes the
-//! daemon's flusher ([`wait_for_work`]), a task of its own that pushes once it
-//! runs (on those runtimes the push then waits, without holding anything the
-//! handler needs, until the event is answered). Callers outside handlers (the
-//! claims API, reconciliation) still push before they answer.
+//! [`in_nri_handler`]; a flush asked for there pushes nothing. A handler whose
+//! reply cannot carry updates wakes the daemon's flusher ([`wake`],
+//! [`wait_for_work`]) once its work is done, on runtimes that allow pushes.
+//! Callers outside handlers (the claims API, reconciliation) push before they
+//! answer where pushes are allowed, and otherwise leave the updates pending.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use policies::ContainerUpdate;
@@ -42,6 +52,49 @@ pub async fn in_nri_handler<F: std::future::Future>(work: F) -> F::Output {
     IN_NRI_HANDLER.scope((), work).await
 }
 
+/// How pending container updates may reach the runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Only in event replies: the runtime may be inside an event whenever a push would arrive
+    /// (NRI before v0.12.1, or a runtime that did not say its version). The default.
+    Replies,
+    /// In event replies, and pushed through UpdateContainers outside handlers (NRI v0.12.1+).
+    Push,
+}
+
+impl Delivery {
+    /// The delivery a runtime that reports `nri_version` (ConfigureRequest.NRI_version, empty
+    /// before NRI v0.12) allows: pushes from v0.12.1 on.
+    pub fn for_nri_version(nri_version: &str) -> Delivery {
+        let mut parts = nri_version
+            .trim()
+            .trim_start_matches('v')
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|p| p.parse::<u32>().ok());
+        let v = (
+            parts.next().flatten(),
+            parts.next().flatten(),
+            parts.next().flatten(),
+        );
+        match v {
+            (Some(major), Some(minor), patch)
+                if (major, minor, patch.unwrap_or(0)) >= (0, 12, 1) =>
+            {
+                Delivery::Push
+            }
+            _ => Delivery::Replies,
+        }
+    }
+
+    /// The name logs and `status` use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::Replies => "event-replies",
+            Delivery::Push => "push",
+        }
+    }
+}
+
 /// Whether the current task runs work of an NRI handler.
 pub fn in_handler() -> bool {
     IN_NRI_HANDLER.try_with(|_| ()).is_ok()
@@ -60,6 +113,8 @@ pub(super) struct Pending {
     flusher: Mutex<Flusher>,
     /// Woken when updates are committed that nobody pushed (see [`wait_for_work`]).
     work: tokio::sync::Notify,
+    /// Whether unsolicited pushes are allowed ([`Delivery::Push`]); off until the runtime says.
+    push: AtomicBool,
 }
 
 /// Whether a flush is pushing, and whether someone asked for another round meanwhile.
@@ -85,6 +140,19 @@ impl Pending {
         *self.sink.write().unwrap_or_else(|e| e.into_inner()) = sink;
     }
 
+    pub(super) fn set_delivery(&self, delivery: Delivery) {
+        self.push
+            .store(delivery == Delivery::Push, Ordering::SeqCst);
+    }
+
+    pub(super) fn delivery(&self) -> Delivery {
+        if self.push.load(Ordering::SeqCst) {
+            Delivery::Push
+        } else {
+            Delivery::Replies
+        }
+    }
+
     fn sink(&self) -> Option<Arc<dyn UpdateSink>> {
         self.sink.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -98,9 +166,13 @@ impl Pending {
 /// returns at once and the running one makes another round with the newest pending state, so
 /// a newer decision's update always reaches the runtime after an older one's.
 pub(super) async fn flush(engine: &Engine) -> usize {
+    if engine.pending.delivery() == Delivery::Replies {
+        // The next event reply carries them (see the module docs).
+        return engine.journal.pending_count();
+    }
     if in_handler() {
-        // Never from inside a handler: the flusher pushes once it runs.
-        engine.pending.work.notify_one();
+        // Never from inside a handler: the reply takes them where it can carry updates, and the
+        // handler wakes the flusher ([`wake`]) once its event is answered where it cannot.
         return engine.journal.pending_count();
     }
     {
@@ -159,6 +231,52 @@ async fn flush_once(engine: &Engine) -> usize {
     engine.journal.pending_count()
 }
 
+/// Hands every pending update (but those of `skip`, the container the event is about) to an
+/// event reply and clears them all: a reply's updates are never pushed too. While a push is
+/// under way its updates are left to it (two deliveries of different ages could land in either
+/// order), and this reply carries none.
+pub(super) async fn take_for_reply(engine: &Engine, skip: &str) -> Vec<ContainerUpdate> {
+    if engine.journal.pending_count() == 0 {
+        return Vec::new();
+    }
+    {
+        let mut f = engine.pending.flusher();
+        if f.running {
+            return Vec::new();
+        }
+        f.running = true;
+    }
+    let role = FlusherRole(&engine.pending);
+    let updates = {
+        let _order = engine.pending.order.lock().await;
+        let snapshot = engine.journal.pending();
+        let updates: Vec<ContainerUpdate> = snapshot
+            .iter()
+            .filter(|(c, _)| c.as_str() != skip)
+            .map(|(c, p)| p.to_update(c))
+            .collect();
+        let clear: Vec<_> = snapshot
+            .keys()
+            .map(|c| Change::DeletePending(c.clone()))
+            .collect();
+        if !clear.is_empty()
+            && let Err(e) = engine.commit("pending-updates", clear).await
+        {
+            // Memory still has them: a later reply or push delivers them again (the same
+            // cpusets, so a second delivery changes nothing).
+            tracing::warn!(error = %e, "could not clear container updates handed to an event reply");
+        }
+        updates
+    };
+    let again = engine.pending.flusher().again;
+    drop(role);
+    if again {
+        // A flush asked while this reply held the role: the flusher makes that round.
+        engine.pending.work.notify_one();
+    }
+    updates
+}
+
 pub(super) async fn forget_except(engine: &Engine, live: &BTreeSet<String>) {
     let _order = engine.pending.order.lock().await;
     let gone: Vec<_> = engine
@@ -188,6 +306,14 @@ pub(super) async fn forget(engine: &Engine, container_id: &str) {
     if let Err(e) = engine.commit("pending-updates", change).await {
         tracing::warn!(container = %container_id, error = %e,
             "could not drop the pending update of a removed container; the next Synchronize drops it");
+    }
+}
+
+/// Wakes the flusher where pushes are allowed: an NRI handler whose reply cannot carry updates
+/// (RemoveContainer, the pod events) calls it once its work is done.
+pub(super) fn wake(engine: &Engine) {
+    if engine.pending.delivery() == Delivery::Push && engine.journal.pending_count() > 0 {
+        engine.pending.work.notify_one();
     }
 }
 

@@ -146,6 +146,7 @@ pub struct Metrics {
     nri_event_seconds: HistogramFamily<EventLabels>,
     nri_event_errors: Family<EventLabels, Counter>,
     pending_updates: Gauge,
+    unmet_asks: Gauge,
     gate_open: Gauge,
     device_healthy: Family<DeviceLabels, Gauge>,
 }
@@ -177,6 +178,7 @@ impl Metrics {
             Family::new_with_constructor(event_buckets);
         let nri_event_errors = Family::<EventLabels, Counter>::default();
         let pending_updates = Gauge::default();
+        let unmet_asks = Gauge::default();
         let gate_open = Gauge::default();
         let device_healthy = Family::<DeviceLabels, Gauge>::default();
 
@@ -224,6 +226,11 @@ impl Metrics {
             pending_updates.clone(),
         );
         registry.register(
+            "unmet_annotation_asks",
+            "Running containers whose pod asks devices for them by annotation and that hold none (created while nri-accel was not connected); nri-accel status lists them",
+            unmet_asks.clone(),
+        );
+        registry.register(
             "gate_open",
             "1 while the claims API gate is open (runtime connected and synchronized), 0 while it is closed",
             gate_open.clone(),
@@ -244,6 +251,7 @@ impl Metrics {
             nri_event_seconds,
             nri_event_errors,
             pending_updates,
+            unmet_asks,
             gate_open,
             device_healthy,
         }
@@ -293,6 +301,11 @@ impl Metrics {
         if failed {
             self.nri_event_errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// Set how many running containers ask devices by annotation and hold none.
+    pub fn set_unmet_asks(&self, count: u64) {
+        self.unmet_asks.set(saturating_i64(count));
     }
 
     /// Set how many container updates are stored as pending (made but not yet delivered).
