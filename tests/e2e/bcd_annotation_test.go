@@ -146,7 +146,7 @@ func TestD_ReleaseRetryAndBystander(t *testing.T) {
 			t.Fatalf("the holder's claim was not released: %v", n.status(t).Claims())
 		}
 		n.assertNothingHeld(t)
-		if !waitFor(10*time.Second, func() bool { return n.cpusInside(t, bystander) == all }) {
+		if !n.awaitCPUs(t, bystander, all) {
 			t.Errorf("bystander's cpuset %q after the release, want all CPUs %s", n.cpusInside(t, bystander), all)
 		}
 		id, err := n.CRI.Run(p, "app")
@@ -159,8 +159,9 @@ func TestD_ReleaseRetryAndBystander(t *testing.T) {
 		if view, err := n.viewDevice(t, id, n.Devs.Path(0)); err != nil || view.Minor != 0 {
 			t.Errorf("retry's device: %+v %v", view, err)
 		}
-		if !n.status(t).GateOpen() || !n.Accel.Running() {
-			t.Error("nri-accel is no longer connected")
+		// The runtime never dropped the plugin (1.7.0 drops one that misses its request timeout).
+		if !n.status(t).GateOpen() || !n.Accel.Running() || fileContains(n.Accel.Log, "NRI connection lost") {
+			t.Errorf("nri-accel lost its connection:\n%s", tail(n.Accel.Log, 20))
 		}
 		n.assertNoDoubleGrant(t)
 	})

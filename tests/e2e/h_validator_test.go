@@ -31,7 +31,7 @@ func TestH_DefaultValidator(t *testing.T) {
 			if err := n.CRI.RemovePod(p.ID); err != nil {
 				t.Fatal(err)
 			}
-			if !waitFor(10*time.Second, func() bool { return n.cpusInside(t, bystander) == layout.CPUs }) {
+			if !n.awaitCPUs(t, bystander, layout.CPUs) {
 				t.Errorf("bystander's cpuset %q after the release, want %s", n.cpusInside(t, bystander), layout.CPUs)
 			}
 			n.assertNothingHeld(t)

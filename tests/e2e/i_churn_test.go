@@ -133,7 +133,7 @@ func TestI_ConcurrentChurn(t *testing.T) {
 			t.Errorf("claims left after the churn: %v", n.status(t).Claims())
 		}
 		n.assertNothingHeld(t)
-		if !waitFor(10*time.Second, func() bool { return n.cpusInside(t, bystander) == layout.CPUs }) {
+		if !n.awaitCPUs(t, bystander, layout.CPUs) {
 			t.Errorf("bystander's cpuset %q after the churn, want all CPUs %s", n.cpusInside(t, bystander), layout.CPUs)
 		}
 	})

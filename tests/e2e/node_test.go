@@ -195,3 +195,18 @@ func (n *Node) status(t *testing.T) Status {
 func annotation(name, value string) map[string]string {
 	return map[string]string{"accel.nri.io/container." + name: value}
 }
+
+// awaitCPUs waits until container id's cpuset is want. On runtimes before NRI v0.12.1 nri-accel
+// delivers CPU moves of running containers in the reply of the next CreateContainer or
+// StopContainer, so there a plain container is created (the documented trigger) first.
+func (n *Node) awaitCPUs(t *testing.T, id, want string) bool {
+	t.Helper()
+	if !pushesUpdates(n.Version) {
+		p := n.mustRunPod(t, "trigger", nil)
+		n.mustRun(t, p, "plain")
+		if err := n.CRI.RemovePod(p.ID); err != nil {
+			t.Fatalf("removing the trigger pod: %v", err)
+		}
+	}
+	return waitFor(10*time.Second, func() bool { return n.cpusInside(t, id) == want })
+}

@@ -29,6 +29,15 @@ var nriOf = map[string]string{
 	"crio-v1.36.3": "v0.11.0",
 }
 
+// pushesUpdates reports whether nri-accel sends UpdateContainers to runtime `version` between
+// events (NRI v0.12.1 and newer). Before that, CPU moves of running containers travel only in
+// the replies of the next CreateContainer, StopContainer or Synchronize (docs/operator-guide.md).
+func pushesUpdates(version string) bool {
+	var minor, patch int
+	fmt.Sscanf(nriOf[version], "v0.%d.%d", &minor, &patch)
+	return minor > 12 || minor == 12 && patch >= 1
+}
+
 // modes are the injection modes (nri.cdi_injection) tested on containerd `version`: cdi and
 // device-nodes where NRI carries CDI device names in adjustments (v0.10 and newer); elsewhere
 // device-nodes and auto (which must pick device nodes there).
