@@ -109,6 +109,10 @@ func TestC_SecondPodRefused(t *testing.T) {
 			t.Errorf("the CRI caller got %q; want nri-accel's refusal (\"claim ctr-… refused: …\")", err)
 		}
 		t.Logf("refusal at the CRI caller: %v", err)
+		// It names the device and its holder (issue 25 item 6).
+		if !strings.Contains(err.Error(), "accel0 is held by claim ctr-") || !strings.Contains(err.Error(), "(e2e/holder/app)") {
+			t.Errorf("the refusal %q does not name accel0 and its holder e2e/holder/app", err)
+		}
 		st := n.status(t)
 		if len(st.Claims()) != 1 || claimOf(st, holder) == nil {
 			t.Errorf("claims after the refusal: %v; want only the holder's", st.Claims())
