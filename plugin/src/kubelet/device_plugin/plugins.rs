@@ -27,7 +27,7 @@ use crate::config::DevicePluginConfig;
 use crate::device_health::HealthMonitor;
 use crate::engine::{DevicePluginOrigin, Engine, Origin};
 use crate::gate::Gate;
-use crate::kubelet::{KubeletError, ServedSocket};
+use crate::kubelet::{ConnLimits, KubeletError, ServedSocket};
 
 /// How often the supervisor checks the sockets and the kubelet's socket.
 pub const WATCH_EVERY: Duration = Duration::from_millis(500);
@@ -451,8 +451,8 @@ fn serve(
     path: &Path,
 ) -> Result<ServedSocket, KubeletError> {
     let service = super::service::DevicePluginService::new(plugins.clone(), i);
-    let router = tonic::transport::Server::builder().add_service(service.into_server());
-    ServedSocket::serve(path, router)
+    let router = crate::kubelet::conn::server().add_service(service.into_server());
+    ServedSocket::serve(path, router, ConnLimits::default())
 }
 
 /// Registers resource `i` through the kubelet's socket; the error is one sentence.
