@@ -121,6 +121,10 @@ fn dp_config(dir: &Path, grace: u64) -> DevicePluginConfig {
 }
 
 async fn setup(grace: u64) -> Setup {
+    setup_with(grace, |_| {}).await
+}
+
+async fn setup_with(grace: u64, edit: impl FnOnce(&mut DevicePluginConfig)) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("device-plugins");
     let cdi = tmp.path().join("cdi");
@@ -147,7 +151,11 @@ async fn setup(grace: u64) -> Setup {
     let kubelet = DevicePluginKubelet::start(&dir).unwrap();
     let gate = Gate::new();
     let plugins = DevicePlugins::start(
-        &dp_config(&dir, grace),
+        &{
+            let mut cfg = dp_config(&dir, grace);
+            edit(&mut cfg);
+            cfg
+        },
         &pools(),
         engine.clone(),
         gate.clone(),
@@ -661,5 +669,51 @@ async fn a_device_plugin_socket_answers_the_kubelets_percent_encoded_authority()
     assert_eq!(grpc_status, "0");
     let allocated = pb::AllocateResponse::decode(&messages[0][..]).unwrap();
     assert_eq!(allocated.container_responses[0].cdi_devices.len(), 1);
+    s.plugins.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_connection_cap_holds_and_the_kubelets_listandwatch_is_never_idle() {
+    use raw_h2::RawGrpc;
+    // One connection per socket, closed after a second without a call.
+    let s = setup_with(60, |cfg| {
+        cfg.max_connections = 1;
+        cfg.idle_timeout_secs = 1;
+    })
+    .await;
+    let socket = s.dir.join("nri-accel-whole.sock");
+    // The kubelet's ListAndWatch connection is the one: another is closed at once.
+    s.kubelet
+        .wait_plugin(WHOLE, WAIT, |p| p.streaming)
+        .await
+        .unwrap();
+    let mut extra = RawGrpc::connect(&socket).await.unwrap();
+    extra
+        .wait_closed(WAIT)
+        .await
+        .expect("a connection over the cap is closed");
+    // Well past the idle timeout, the kubelet's stream still works: a health change reaches it.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(s.kubelet.plugin(WHOLE).unwrap().streaming);
+    let mut report = HealthReport::all_healthy(&inventory());
+    report.devices.insert(
+        "gpu3".into(),
+        DeviceHealth {
+            healthy: false,
+            reason: "gone".into(),
+        },
+    );
+    s.health.send_replace(Arc::new(report));
+    let p = s
+        .kubelet
+        .wait_plugin(WHOLE, WAIT, |p| !p.unhealthy().is_empty())
+        .await
+        .unwrap();
+    assert_eq!(p.unhealthy(), ["gpu3"]);
+    assert_eq!(
+        s.kubelet.registrations(WHOLE),
+        1,
+        "the stream was never cut"
+    );
     s.plugins.shutdown().await;
 }

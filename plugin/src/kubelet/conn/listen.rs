@@ -69,7 +69,7 @@ pub fn incoming(
                 let Some(slot) = count.take(limits.max_connections) else {
                     if !refusing {
                         tracing::warn!(socket = %socket, max = limits.max_connections,
-                            "refusing kubelet connections: this socket already has its maximum open (kubelet.max_connections); the excess is closed at once");
+                            "refusing kubelet connections: this socket already has its maximum open (max_connections in the dra or device_plugin section); the excess is closed at once");
                     }
                     refusing = true;
                     drop(stream);

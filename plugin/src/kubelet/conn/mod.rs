@@ -21,10 +21,11 @@ pub use io::KubeletConn;
 pub use listen::{ConnCount, incoming};
 
 /// The most connections a kubelet-facing socket holds at once by default.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+pub const DEFAULT_MAX_CONNECTIONS: usize = crate::config::DEFAULT_KUBELET_MAX_CONNECTIONS;
 
 /// How long a connection with no stream open is kept by default.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+pub const DEFAULT_IDLE_TIMEOUT: Duration =
+    Duration::from_secs(crate::config::DEFAULT_KUBELET_IDLE_TIMEOUT_SECS);
 
 /// The most streams one connection may have open (the server refuses more with
 /// REFUSED_STREAM, the adapter closes a connection that keeps several times as many).
@@ -49,6 +50,11 @@ impl Default for ConnLimits {
 }
 
 impl ConnLimits {
+    /// The limits of the `dra` section (for [`crate::kubelet::DraDriver::start_with_limits`]).
+    pub fn of_dra(dra: &crate::config::DraConfig) -> ConnLimits {
+        ConnLimits::from_config(dra.max_connections, dra.idle_timeout_secs)
+    }
+
     /// The limits a config gives: `max_connections` (0 is read as 1) and `idle_timeout_secs`
     /// (0 keeps idle connections).
     pub fn from_config(max_connections: usize, idle_timeout_secs: u64) -> ConnLimits {

@@ -529,7 +529,9 @@ fn serve(
 ) -> Result<ServedSocket, KubeletError> {
     let service = super::service::DevicePluginService::new(plugins.clone(), i);
     let router = crate::kubelet::conn::server().add_service(service.into_server());
-    ServedSocket::serve(path, router, ConnLimits::default())
+    let limits =
+        ConnLimits::from_config(plugins.cfg.max_connections, plugins.cfg.idle_timeout_secs);
+    ServedSocket::serve(path, router, limits)
 }
 
 /// Registers resource `i` through the kubelet's socket; the error is one sentence.
