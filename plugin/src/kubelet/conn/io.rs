@@ -174,25 +174,37 @@ impl AsyncWrite for KubeletConn {
             Poll::Ready(Ok(n)) => n,
             other => return other,
         };
-        for said in this.watch.observe(&buf[..n], &mut this.streams) {
-            match said {
-                ServerSaid::Reset { stream, code } if code == 0x1 || code == 0x2 => {
-                    tracing::warn!(socket = %this.socket, stream, code = frames::error_name(code),
-                        "the HTTP/2 server rejected a kubelet request (malformed or failed); the kubelet sees the call fail");
-                }
-                ServerSaid::Reset { stream, code } => {
-                    tracing::debug!(socket = %this.socket, stream, code = frames::error_name(code),
-                        "the HTTP/2 server reset a stream");
-                }
-                ServerSaid::GoAway { code } if code != 0 => {
-                    tracing::warn!(socket = %this.socket, code = frames::error_name(code),
-                        "the HTTP/2 server closed a kubelet connection for an error");
-                }
-                ServerSaid::GoAway { .. } => {}
-            }
-        }
-        this.streams_changed();
+        this.written(&[&buf[..n]]);
         Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let n = match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(Ok(n)) => n,
+            other => return other,
+        };
+        // The first n bytes across the slices went out.
+        let mut left = n;
+        let mut sent: Vec<&[u8]> = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(b.len());
+            sent.push(&b[..take]);
+            left -= take;
+        }
+        this.written(&sent);
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -201,6 +213,35 @@ impl AsyncWrite for KubeletConn {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl KubeletConn {
+    /// Follows what the server wrote (`parts`, in order): resets and GOAWAYs logged, the
+    /// streams it ended closed.
+    fn written(&mut self, parts: &[&[u8]]) {
+        let mut said = Vec::new();
+        for part in parts {
+            said.extend(self.watch.observe(part, &mut self.streams));
+        }
+        for said in said {
+            match said {
+                ServerSaid::Reset { stream, code } if code == 0x1 || code == 0x2 => {
+                    tracing::warn!(socket = %self.socket, stream, code = frames::error_name(code),
+                        "the HTTP/2 server rejected a kubelet request (malformed or failed); the kubelet sees the call fail");
+                }
+                ServerSaid::Reset { stream, code } => {
+                    tracing::debug!(socket = %self.socket, stream, code = frames::error_name(code),
+                        "the HTTP/2 server reset a stream");
+                }
+                ServerSaid::GoAway { code } if code != 0 => {
+                    tracing::warn!(socket = %self.socket, code = frames::error_name(code),
+                        "the HTTP/2 server closed a kubelet connection for an error");
+                }
+                ServerSaid::GoAway { .. } => {}
+            }
+        }
+        self.streams_changed();
     }
 }
 
