@@ -122,6 +122,12 @@ fn dra(cfg: &Config) -> Checked {
         vec![Key("dra"), Key("plugins_registry_dir")],
     )?;
     absolute(&cfg.dra.plugins_dir, vec![Key("dra"), Key("plugins_dir")])?;
+    if cfg.dra.max_connections == 0 {
+        fail(
+            vec![Key("dra"), Key("max_connections")],
+            "max_connections must be at least 1: the kubelet needs a connection to each socket",
+        )?;
+    }
     let node = &cfg.kubernetes.node_name;
     if !node.is_empty() && !crate::kube::names::is_dns_subdomain(node) {
         fail(
