@@ -277,6 +277,7 @@ impl<R: Payload, U: Payload> Loaded<R, U> {
             written: Condvar::new(),
             hook: Mutex::new(None),
             fault: Mutex::new(None),
+            sync_fault: Mutex::new(None),
         };
         Ok((checkpoint, report))
     }

@@ -2,6 +2,12 @@
 
 use super::CrashPoint;
 
+/// Ends the error of a Prepare that granted nothing (no spec, no record, no units held).
+pub const NOT_GRANTED: &str = "; nothing was granted: retry the Prepare once the cause is fixed";
+
+/// Ends the error of an Unprepare that did not finish.
+pub const NOT_RELEASED: &str = "; the Unprepare did not finish and the claim may still hold its devices: retry the Unprepare (it is idempotent) until it succeeds";
+
 /// Why a claim operation or the engine's startup failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -17,21 +23,24 @@ pub enum EngineError {
         reason: String,
     },
     /// The checkpoint could not be written or read.
-    #[error(
-        "claim {claim}: checkpoint: {source}; nothing was granted, retry once the state dir is writable"
-    )]
+    #[error("claim {claim}: checkpoint: {source}{then}")]
     Checkpoint {
         /// Claim being worked on (or `startup`).
         claim: String,
+        /// What the failure means for the claim and what to do ([`NOT_GRANTED`],
+        /// [`NOT_RELEASED`]), empty when the claim's state is told elsewhere.
+        then: &'static str,
         /// The underlying error (names the file).
         #[source]
         source: crate::checkpoint::CheckpointError,
     },
     /// The CDI spec could not be written, read or removed.
-    #[error("claim {claim}: CDI spec: {source}")]
+    #[error("claim {claim}: CDI spec: {source}{then}")]
     Spec {
         /// Claim being worked on.
         claim: String,
+        /// What the failure means for the claim, as for `Checkpoint`.
+        then: &'static str,
         /// The underlying error (names the file).
         #[source]
         source: cdi::CdiError,
