@@ -283,7 +283,7 @@ fn status_of(e: ttrpc::Error) -> Status {
 type Served = (Result<Vec<u8>, Status>, Option<Box<dyn Send>>);
 
 /// The answer to a `method` request that does not decode.
-fn bad_request(method: &str, e: protobuf::Error) -> Served {
+fn bad_request(method: &str, e: impl std::fmt::Display) -> Served {
     let why = format!("bad {method} request: {e}");
     (Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)), None)
 }
@@ -337,6 +337,10 @@ macro_rules! plugin_service {
         ) -> Served {
             match method {
                 "Synchronize" if service.lean_synchronize() => {
+                    let descriptor = <SynchronizeRequest as protobuf::MessageFull>::descriptor();
+                    if let Err(e) = crate::strict::check(payload, &descriptor) {
+                        return bad_request("Synchronize", e);
+                    }
                     let mut req = match LeanSynchronize::decode(payload) {
                         Ok(req) => req,
                         Err(e) => return bad_request("Synchronize", e),
@@ -345,7 +349,7 @@ macro_rules! plugin_service {
                     (answer, Some(service.spent("Synchronize", Box::new(req))))
                 }
                 $($name => {
-                    let mut req = match <$req>::parse_from_bytes(payload) {
+                    let mut req = match crate::strict::parse::<$req>(payload) {
                         Ok(req) => req,
                         Err(e) => return bad_request($name, e),
                     };
