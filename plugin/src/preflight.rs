@@ -7,7 +7,8 @@
 //! writes and removes files only in the real directory it opened; a link higher up the path, like
 //! `/var/run -> /run`, is fine). Missing directories are created (one level, with the mode the
 //! packaging's tmpfiles.d entry uses) when their parent exists, and only once every check passed:
-//! a refused start creates nothing. A missing parent means a wrong path in the config or a broken
+//! a refused start creates nothing. Writability is asked of the kernel (`eaccess`), never probed
+//! with a file, so a start leaves the directories' modification times alone. A missing parent means a wrong path in the config or a broken
 //! host, and is refused rather than papered over with `mkdir -p`.
 //!
 //! Every path is a parameter, so tests run the real checks on temp dirs.
@@ -159,7 +160,7 @@ pub enum PreflightError {
         role: DirRole,
         /// The directory.
         path: PathBuf,
-        /// The error from creating a probe file.
+        /// What the kernel answered to a write access check.
         source: io::Error,
     },
     /// The directory is a symbolic link.
@@ -376,18 +377,18 @@ pub fn ensure_writable_dir(role: DirRole, dir: &Path) -> Result<bool, PreflightE
             });
         }
     };
-    // A real probe: permissions, read-only mounts (ProtectSystem) and full disks all show here.
-    let probe = tempfile::Builder::new()
-        .prefix(".nri-accel-preflight-")
-        .tempfile_in(dir)
-        .map_err(|source| PreflightError::NotWritable {
-            role,
-            path: dir.to_owned(),
-            source,
-        })?;
-    // Dropping the probe removes it; a failed removal leaves a harmless dot-file.
-    if let Err(e) = probe.close() {
-        tracing::warn!(dir = %dir.display(), error = %e, "could not remove the preflight probe file");
-    }
+    // Asked of the kernel with the effective ids, creating nothing: a probe file would change
+    // the directory's modification time on every start, refused ones too. Permissions and
+    // read-only mounts (ProtectSystem) show here (EACCES, EROFS); a full disk shows at the
+    // first write, with that file's name.
+    nix::unistd::eaccess(
+        dir,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    )
+    .map_err(|e| PreflightError::NotWritable {
+        role,
+        path: dir.to_owned(),
+        source: io::Error::from_raw_os_error(e as i32),
+    })?;
     Ok(created)
 }

@@ -49,8 +49,20 @@ fn healthy_host_passes_and_creates_nothing() {
     let host = Host::new();
     let report = run(&host.paths()).unwrap();
     assert!(report.created.is_empty());
-    // The write probe left nothing behind.
     assert_eq!(std::fs::read_dir(host.p("state")).unwrap().count(), 0);
+}
+
+#[test]
+fn checks_leave_the_directories_modification_times_alone() {
+    let host = Host::new();
+    let mtimes = || {
+        ["state", "cdi", "run"].map(|d| std::fs::metadata(host.p(d)).unwrap().modified().unwrap())
+    };
+    let before = mtimes();
+    // Long enough for any change to show on a file system with coarse timestamps.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    run(&host.paths()).unwrap();
+    assert_eq!(mtimes(), before, "no probe file is created and removed");
 }
 
 #[test]

@@ -180,10 +180,8 @@ impl Daemon {
             Some(b) => b.clone(),
             None => ProcBootId::new().boot_id().map_err(DaemonError::BootId)?,
         };
-        let (checkpoint, _) = state_dir
-            .child(CHECKPOINT_DIR, Some(0o700))
-            .map_err(|e| DaemonError::StateDir(e.to_string()))?;
-        let journal = Checkpoint::load_in(checkpoint, &boot_id)?;
+        // A missing checkpoint dir is created by the open, after the start's checks passed.
+        let journal = Checkpoint::load_child(&state_dir, CHECKPOINT_DIR, &boot_id)?;
         let specs = cdi::SpecStore::open(store_config(&config.cdi))?;
         let (engine, report) = Engine::start(node, journal, specs, opts.crash)?;
         tracing::info!(
