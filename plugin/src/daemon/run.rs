@@ -227,6 +227,9 @@ impl Daemon {
             policy: Arc::new(DefaultPeerPolicy::for_daemon(group)),
             limits: Limits {
                 max_message_bytes: config.claims_api.max_message_bytes as usize,
+                max_connections: config.claims_api.max_connections as usize,
+                idle_timeout: (config.claims_api.idle_timeout_seconds > 0)
+                    .then(|| Duration::from_secs(config.claims_api.idle_timeout_seconds.into())),
                 ..Limits::default()
             },
         };
