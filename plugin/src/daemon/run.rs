@@ -297,7 +297,7 @@ impl Daemon {
                 loop {
                     tick.tick().await;
                     match e.reconcile().await {
-                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = %p.roll_back.join(","), orphans_removed = %p.remove_specs.join(","), "periodic reconciliation repaired state"),
+                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = %p.roll_back.join(","), orphans_removed = %p.remove_specs.join(","), "periodic reconciliation rolled back {} half-prepared claim(s) (a record without a spec) and removed {} orphan spec(s) (a spec without a record): a crash or a failed write had left them", p.roll_back.len(), p.remove_specs.len()),
                         Ok(_) => {}
                         Err(err) => tracing::error!(error = %err, "periodic reconciliation failed"),
                     }

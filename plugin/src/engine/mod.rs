@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{Change, Checkpoint, CheckpointOptions, Loaded};
 
-pub use ask::{ResultRef, check_results, describe, describe_held, same_ask};
+pub use ask::{ResultRef, check_results, describe, describe_held, describe_holding, same_ask};
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
@@ -365,7 +365,7 @@ impl Engine {
         {
             return Err(EngineError::AskChanged {
                 claim: uid.to_string(),
-                holds: ask::describe_held(&held.allocation),
+                holds: ask::describe_holding(held.ask.as_ref(), &held.allocation),
                 asked: ask::describe(asked),
             });
         }
@@ -804,7 +804,14 @@ impl Engine {
         }
         for uid in rough.remove_specs {
             let _claim = self.claims.lock(&uid).await;
-            if self.state().node.allocation(&uid).is_none() {
+            // An Unprepare that held the lock while the specs were listed has removed the spec
+            // itself by now: that is no orphan, and nothing is repaired.
+            let specs = self.specs.clone();
+            let id = uid.clone();
+            let still_there = blocking(&uid, move || specs.exists(&id))
+                .await?
+                .unwrap_or(true);
+            if still_there && self.state().node.allocation(&uid).is_none() {
                 let specs = self.specs.clone();
                 let id = uid.clone();
                 blocking(&uid, move || specs.remove(&id))
