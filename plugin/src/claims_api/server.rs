@@ -26,8 +26,9 @@ pub const DEFAULT_SOCKET_PATH: &str = "/run/nri-accel/claims.sock";
 /// How the claims API socket is set up and guarded.
 #[derive(Clone)]
 pub struct ServerOptions {
-    /// A group whose members may use the API: the socket becomes 0660 and is chowned to it.
-    /// Without one the socket is 0600.
+    /// A group whose members may use the API: the socket becomes 0660 and is chowned to it, and
+    /// so does its directory (mode 0750 at most, see `group_dir_mode`). Without one the socket
+    /// is 0600.
     pub group: Option<Gid>,
     /// Who may connect, by SO_PEERCRED credentials.
     pub policy: Arc<dyn PeerPolicy>,
@@ -199,12 +200,48 @@ fn prepare_path(path: &Path) -> Result<(), ClaimsApiError> {
     }
 }
 
+/// The mode of the socket's directory when a group may use the socket: the group may enter it
+/// (`g+x`, and list it, `g+r`), never write in it; others keep what they had, minus write.
+pub(crate) fn group_dir_mode(current: u32) -> u32 {
+    (current & 0o7777 & !0o022) | 0o050
+}
+
+/// With a group, the socket's directory is handed to that group too (the packaged
+/// `/run/nri-accel` is 0750 root:root, which a member cannot enter: EACCES before the socket's
+/// own mode is even read). Only a directory nri-accel owns is changed; another is left alone
+/// with a warning.
+fn open_dir_to_group(path: &Path, group: Gid) -> Result<(), ClaimsApiError> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let err = |source| ClaimsApiError::Permissions {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(dir).map_err(err)?;
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        tracing::warn!(dir = %dir.display(), owner = meta.uid(), "the claims socket's directory is not nri-accel's: its group and mode are left as they are, so members of claims_api.group may not reach the socket");
+        return Ok(());
+    }
+    let mode = group_dir_mode(meta.mode());
+    if meta.gid() != group.as_raw() {
+        nix::unistd::chown(dir, None, Some(group)).map_err(|e| err(io::Error::from(e)))?;
+    }
+    if meta.mode() & 0o7777 != mode {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    }
+    tracing::info!(dir = %dir.display(), gid = group.as_raw(), mode = %format!("{mode:o}"), "claims socket directory opened to claims_api.group");
+    Ok(())
+}
+
 fn set_permissions(path: &Path, opts: &ServerOptions) -> Result<(), ClaimsApiError> {
     let err = |source| ClaimsApiError::Permissions {
         path: path.to_path_buf(),
         source,
     };
     if let Some(group) = opts.group {
+        open_dir_to_group(path, group)?;
         nix::unistd::chown(path, None, Some(group)).map_err(|e| err(io::Error::from(e)))?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(opts.socket_mode())).map_err(err)
@@ -351,4 +388,18 @@ async fn answer_refused(mut stream: UnixStream, code: ttrpc::Code, why: String) 
         stream.shutdown().await.ok()
     };
     let _ = tokio::time::timeout(REFUSED_WAIT, exchange).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::group_dir_mode;
+
+    #[test]
+    fn a_group_may_enter_the_socket_dir_and_never_write_in_it() {
+        assert_eq!(group_dir_mode(0o40750), 0o750);
+        assert_eq!(group_dir_mode(0o40700), 0o750);
+        assert_eq!(group_dir_mode(0o40755), 0o755);
+        assert_eq!(group_dir_mode(0o40777), 0o755);
+        assert_eq!(group_dir_mode(0o40770), 0o750);
+    }
 }
