@@ -16,7 +16,7 @@
 
 use nri_accel::claims_api::proto::claims as pb;
 use nri_proto::api::*;
-use nri_proto::protobuf::{CodedInputStream, Message, MessageFull};
+use nri_proto::protobuf::{CodedInputStream, MessageFull};
 
 /// Offsets of `E`'s top-level field boundaries (0 and `E.len()` included).
 fn boundaries(e: &[u8]) -> Vec<usize> {
