@@ -2,6 +2,30 @@
 
 use super::CrashPoint;
 
+/// What a failed claim operation means for the claim and what to do, ending its error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then {
+    /// Nothing to add (startup, reconciliation: the claim's state is told elsewhere).
+    Unsaid,
+    /// A Prepare granted nothing: no spec, no record, no units held.
+    NotGranted,
+    /// A repeated Prepare failed; the earlier grant stands.
+    KeptAsBefore,
+    /// An Unprepare did not finish.
+    NotReleased,
+}
+
+impl std::fmt::Display for Then {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Then::Unsaid => "",
+            Then::NotGranted => NOT_GRANTED,
+            Then::KeptAsBefore => "; the claim stays prepared as it was before this Prepare",
+            Then::NotReleased => NOT_RELEASED,
+        })
+    }
+}
+
 /// Ends the error of a Prepare that granted nothing (no spec, no record, no units held).
 pub const NOT_GRANTED: &str = "; nothing was granted: retry the Prepare once the cause is fixed";
 
@@ -27,9 +51,8 @@ pub enum EngineError {
     Checkpoint {
         /// Claim being worked on (or `startup`).
         claim: String,
-        /// What the failure means for the claim and what to do ([`NOT_GRANTED`],
-        /// [`NOT_RELEASED`]), empty when the claim's state is told elsewhere.
-        then: &'static str,
+        /// What the failure means for the claim and what to do.
+        then: Then,
         /// The underlying error (names the file).
         #[source]
         source: crate::checkpoint::CheckpointError,
@@ -40,7 +63,7 @@ pub enum EngineError {
         /// Claim being worked on.
         claim: String,
         /// What the failure means for the claim, as for `Checkpoint`.
-        then: &'static str,
+        then: Then,
         /// The underlying error (names the file).
         #[source]
         source: cdi::CdiError,

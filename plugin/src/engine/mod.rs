@@ -40,7 +40,7 @@ pub use ask::{ResultRef, check_results, describe, describe_held, describe_holdin
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
-pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED};
+pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, Then};
 pub use pending::{UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{ClaimRecord, DevicePluginOrigin, DevicePluginUser, Origin, PendingUpdate};
@@ -127,7 +127,7 @@ pub struct Engine {
 /// anything is written: the plan, or the refusal when a spec proves a lost commit.
 pub fn startup_plan(loaded: &LoadedJournal, specs: &cdi::SpecStore) -> Result<Plan, EngineError> {
     let listed = specs.list_stamped().map_err(|source| EngineError::Spec {
-        then: "",
+        then: Then::Unsaid,
         claim: "startup".into(),
         source,
     })?;
@@ -213,7 +213,7 @@ impl Engine {
             loaded
                 .open(options)
                 .map_err(|source| EngineError::Checkpoint {
-                    then: "",
+                    then: Then::Unsaid,
                     claim: "startup".into(),
                     source,
                 })?;
@@ -227,7 +227,7 @@ impl Engine {
             journal
                 .commit(changes)
                 .map_err(|source| EngineError::Checkpoint {
-                    then: "",
+                    then: Then::Unsaid,
                     claim: "startup".into(),
                     source,
                 })?;
@@ -237,7 +237,7 @@ impl Engine {
         }
         for uid in &plan.remove_specs {
             specs.remove(uid).map_err(|source| EngineError::Spec {
-                then: "",
+                then: Then::Unsaid,
                 claim: uid.clone(),
                 source,
             })?;
@@ -497,7 +497,7 @@ impl Engine {
     /// After a spec write of a claim failed: an error answer must mean nothing was granted
     /// (docs/claims-api.md), so a spec this call put in place before a later step failed (the
     /// directory sync) is removed, and a claim left without a spec is rolled back. `Err` ends
-    /// the error answer: [`NOT_GRANTED`] once the claim has no spec. `Ok(ids)`: the spec this
+    /// the error answer: [`Then::NotGranted`] once the claim has no spec. `Ok(ids)`: the spec this
     /// call wrote could not be removed, so the grant stands and the answer is success. A spec
     /// the claim had before this call (a repeat) is never touched: containers may use it.
     async fn undo_grant(
@@ -505,7 +505,7 @@ impl Engine {
         uid: &str,
         wrote: bool,
         results: usize,
-    ) -> Result<Vec<String>, &'static str> {
+    ) -> Result<Vec<String>, Then> {
         let specs = self.specs.clone();
         let id = uid.to_string();
         let left = blocking(uid, move || {
@@ -523,14 +523,14 @@ impl Engine {
                 if let Err(e) = self.roll_back(uid).await {
                     tracing::error!(claim = %uid, error = %e, "rolling back a prepare that failed: the claim has no spec, so nothing is granted; its record goes at the next start or reconciliation");
                 }
-                Err(NOT_GRANTED)
+                Err(Then::NotGranted)
             }
             Ok((Ok(true), Ok(ids))) if wrote => {
                 tracing::error!(claim = %uid, "the spec of this prepare could be neither synced nor removed; it is in place, so the claim is answered as prepared");
                 Ok(ids)
             }
-            Ok((Ok(true), _)) => Err("; the claim stays prepared as it was before this Prepare"),
-            _ => Err(""),
+            Ok((Ok(true), _)) => Err(Then::KeptAsBefore),
+            _ => Err(Then::Unsaid),
         }
     }
 
@@ -564,7 +564,7 @@ impl Engine {
     /// durable that depends on a release that is not.
     async fn release_committed(&self, uid: &str) -> Result<Vec<ContainerUpdate>, EngineError> {
         let checkpoint_error = |source| EngineError::Checkpoint {
-            then: NOT_RELEASED,
+            then: Then::NotReleased,
             claim: uid.to_string(),
             source,
         };
@@ -623,7 +623,7 @@ impl Engine {
         match blocking(uid, move || specs.remove(&id)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(source)) => Err(EngineError::Spec {
-                then: NOT_RELEASED,
+                then: Then::NotReleased,
                 claim: uid.to_string(),
                 source,
             }),
@@ -640,7 +640,7 @@ impl Engine {
         match blocking(uid, move || journal.commit(changes)).await? {
             Ok(seq) => Ok(seq),
             Err(source) => Err(EngineError::Checkpoint {
-                then: NOT_GRANTED,
+                then: Then::NotGranted,
                 claim: uid.to_string(),
                 source,
             }),
@@ -737,7 +737,7 @@ impl Engine {
         let spec_uids = blocking("reconcile", move || specs.list())
             .await?
             .map_err(|source| EngineError::Spec {
-                then: "",
+                then: Then::Unsaid,
                 claim: "reconcile".into(),
                 source,
             })?;
@@ -765,7 +765,7 @@ impl Engine {
                 blocking(&uid, move || specs.stamp(&id))
                     .await?
                     .map_err(|source| EngineError::Spec {
-                        then: "",
+                        then: Then::Unsaid,
                         claim: uid.clone(),
                         source,
                     })?
@@ -817,7 +817,7 @@ impl Engine {
                 blocking(&uid, move || specs.remove(&id))
                     .await?
                     .map_err(|source| EngineError::Spec {
-                        then: "",
+                        then: Then::Unsaid,
                         claim: uid.clone(),
                         source,
                     })?;
