@@ -122,6 +122,10 @@ pub struct ClaimsApiConfig {
     pub group: Option<String>,
     /// Largest request accepted, in bytes.
     pub max_message_bytes: u32,
+    /// Most connections served at once; more are refused (RESOURCE_EXHAUSTED).
+    pub max_connections: u32,
+    /// A connection silent this long with no call in flight is closed; 0: never.
+    pub idle_timeout_seconds: u32,
 }
 
 impl Default for ClaimsApiConfig {
@@ -130,6 +134,8 @@ impl Default for ClaimsApiConfig {
             socket: PathBuf::from("/run/nri-accel/claims.sock"),
             group: None,
             max_message_bytes: 1024 * 1024,
+            max_connections: 128,
+            idle_timeout_seconds: 300,
         }
     }
 }
