@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/containerd/nri v0.12.5
 	google.golang.org/grpc v1.85.0
+	k8s.io/cri-api v0.37.2
 	k8s.io/kubelet v0.37.2
 )
 
