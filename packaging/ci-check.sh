@@ -125,6 +125,13 @@ sed "s|^ExecStart=/usr/bin/nri-accel |ExecStart=$root/usr/bin/nri-accel |" \
     packaging/nri-accel.service > "$units/nri-accel.service"
 grep -q "^ExecStart=$root/usr/bin/nri-accel run " "$units/nri-accel.service" \
     || fail "ExecStart in packaging/nri-accel.service is not /usr/bin/nri-accel run ..."
+grep -q "^CapabilityBoundingSet=CAP_CHOWN$" packaging/claims-group.conf \
+    || fail "claims-group.conf must grant CAP_CHOWN (the socket and its directory go to the group)"
+grep -q "^RuntimeDirectoryMode=0750$" packaging/nri-accel.service \
+    && grep -q "^d  *$(echo /run/nri-accel) *0750 root root" packaging/nri-accel.tmpfiles \
+    || fail "the unit and tmpfiles.d must both make /run/nri-accel 0750 root:root (the daemon opens it to claims_api.group)"
+grep -q "^LimitNOFILE=[0-9]" packaging/nri-accel.service \
+    || fail "packaging/nri-accel.service sets no LimitNOFILE (the claims API cap and fd reserve rely on it)"
 out=$(systemd-analyze verify "$units/nri-accel.service" 2>&1) || fail "systemd-analyze verify: $out"
 [ -z "$out" ] || fail "systemd-analyze verify reported: $out"
 cp packaging/claims-group.conf "$units/nri-accel.service.d/"

@@ -41,6 +41,20 @@ pub enum WriteStep {
     Removed,
 }
 
+/// The syncs of a durable write or remove, where a [`crate::FaultHook`] can make one fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPoint {
+    /// The fsync of the written temp file (before the rename).
+    TempFile,
+    /// The fsync of the directory after the temp file was renamed over the spec.
+    DirAfterRename,
+    /// The fsync of the directory after the spec was unlinked.
+    DirAfterRemove,
+}
+
+/// Answers an error injected at a sync point (failure tests), else `None`.
+pub(crate) type Faults<'a> = &'a dyn Fn(SyncPoint) -> Option<std::io::Error>;
+
 /// Name of a temp file for `target_name`: `.<target_name>.<pid>-<seq>.tmp`.
 pub(crate) fn temp_name(target_name: &str) -> String {
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
@@ -72,9 +86,12 @@ impl Drop for InFlight {
 }
 
 /// fsyncs a directory so that renames and unlinks in it survive a power loss.
-pub(crate) fn sync_dir(dir: &Dir) -> Result<(), CdiError> {
-    dir.sync()
-        .map_err(|e| CdiError::io("fsync directory", dir.path(), e))
+pub(crate) fn sync_dir(dir: &Dir, point: SyncPoint, fault: Faults<'_>) -> Result<(), CdiError> {
+    match fault(point) {
+        Some(e) => Err(e),
+        None => dir.sync(),
+    }
+    .map_err(|e| CdiError::io("fsync directory", dir.path(), e))
 }
 
 /// Atomically and durably replaces `target_name` in `dir` with `bytes` (mode 0644).
@@ -85,6 +102,7 @@ pub(crate) fn replace(
     target_name: &str,
     bytes: &[u8],
     step: &dyn Fn(WriteStep),
+    fault: Faults<'_>,
 ) -> Result<(), CdiError> {
     let tmp_name = temp_name(target_name);
     let tmp = dir.display(&tmp_name);
@@ -105,8 +123,11 @@ pub(crate) fn replace(
             .map_err(|e| CdiError::io("chmod temp spec", &tmp, e))?;
         file.write_all(bytes)
             .map_err(|e| CdiError::io("write temp spec", &tmp, e))?;
-        file.sync_all()
-            .map_err(|e| CdiError::io("fsync temp spec", &tmp, e))?;
+        match fault(SyncPoint::TempFile) {
+            Some(e) => Err(e),
+            None => file.sync_all(),
+        }
+        .map_err(|e| CdiError::io("fsync temp spec", &tmp, e))?;
         step(WriteStep::TempWritten);
         dir.rename(&tmp_name, target_name)
             .map_err(|e| CdiError::io("rename temp spec onto", &target, e))
@@ -115,7 +136,7 @@ pub(crate) fn replace(
         let _ = dir.unlink(&tmp_name);
         return Err(e);
     }
-    sync_dir(dir)?;
+    sync_dir(dir, SyncPoint::DirAfterRename, fault)?;
     step(WriteStep::Renamed);
     Ok(())
 }

@@ -28,10 +28,10 @@ mod stamp;
 mod store;
 
 pub use dir::{Dir, DirError};
-pub use durable::{SPEC_MODE, WriteStep};
+pub use durable::{SPEC_MODE, SyncPoint, WriteStep};
 pub use edits::{DeviceEdits, DeviceKind, DeviceNode, HOOK_NAMES, Hook, Mount};
 pub use error::CdiError;
 pub use names::{MAX_CLAIM_UID_LEN, validate_claim_uid};
 pub use spec::{ContainerEdits, Device, MAX_SPEC_BYTES, Spec, SpecFormat};
 pub use stamp::Stamp;
-pub use store::{ListedSpec, SpecStore, StepHook, StoreConfig};
+pub use store::{FaultHook, ListedSpec, SpecStore, StepHook, StoreConfig};

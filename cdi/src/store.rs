@@ -4,11 +4,11 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::CdiError;
 use crate::dir::{Dir, DirError};
-use crate::durable::{self, WriteStep};
+use crate::durable::{self, SyncPoint, WriteStep};
 use crate::edits::{DeviceEdits, validate_edits};
 use crate::names::{self, validate_claim_uid};
 use crate::spec::{MAX_SPEC_BYTES, Spec, SpecFormat};
@@ -16,6 +16,10 @@ use crate::stamp::{MAX_STAMP_LINE, Stamp};
 
 /// Called after each step of a write or remove; a crash test's hook aborts the process there.
 pub type StepHook = Arc<dyn Fn(WriteStep) + Send + Sync>;
+
+/// Asked before each sync of a write or remove; an error it answers is that sync's failure
+/// (failure tests inject I/O errors with it).
+pub type FaultHook = Arc<dyn Fn(SyncPoint) -> Option<std::io::Error> + Send + Sync>;
 
 /// Where and how the store writes specs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +60,7 @@ pub struct SpecStore {
     kind: String,
     prefix: String,
     hook: Option<StepHook>,
+    fault: Mutex<Option<FaultHook>>,
     read_only: bool,
 }
 
@@ -125,6 +130,7 @@ impl SpecStore {
             cfg,
             dir,
             hook: None,
+            fault: Mutex::new(None),
             read_only,
         }
     }
@@ -249,11 +255,13 @@ impl SpecStore {
             });
         }
         self.writable("write spec in")?;
-        durable::replace(&self.dir, &name, &bytes, &|s| self.step(s))?;
+        durable::replace(&self.dir, &name, &bytes, &|s| self.step(s), &|p| {
+            self.fault(p)
+        })?;
         // A spec of the same claim in the other format would define the same devices twice.
         let other = self.file_name(claim_uid, self.other_format());
         if durable::unlink(&self.dir, &other)? {
-            durable::sync_dir(&self.dir)?;
+            durable::sync_dir(&self.dir, SyncPoint::DirAfterRemove, &|p| self.fault(p))?;
         }
         self.device_ids(claim_uid, results.len())
     }
@@ -266,7 +274,7 @@ impl SpecStore {
             durable::unlink(&self.dir, &self.file_name(claim_uid, f))?;
         }
         // Always sync: an earlier remove may have died before its directory fsync.
-        durable::sync_dir(&self.dir)?;
+        durable::sync_dir(&self.dir, SyncPoint::DirAfterRemove, &|p| self.fault(p))?;
         self.step(WriteStep::Removed);
         Ok(())
     }
@@ -416,6 +424,20 @@ impl SpecStore {
     /// Installs a hook called after each write/remove step (crash tests).
     pub fn set_step_hook(&mut self, hook: StepHook) {
         self.hook = Some(hook);
+    }
+
+    /// Installs (or removes) a hook asked before each sync (failure tests).
+    pub fn set_fault_hook(&self, hook: Option<FaultHook>) {
+        *self.fault.lock().unwrap_or_else(PoisonError::into_inner) = hook;
+    }
+
+    fn fault(&self, point: SyncPoint) -> Option<std::io::Error> {
+        let hook = self
+            .fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        hook.and_then(|h| h(point))
     }
 }
 

@@ -100,6 +100,7 @@ fn env() -> &'static Env {
                 max_message_bytes: 64 * 1024,
                 max_claims: 8,
                 max_results_per_claim: 4,
+                ..Limits::default()
             },
         };
         let server = rt

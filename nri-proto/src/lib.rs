@@ -26,6 +26,7 @@ mod plugin;
 mod server;
 mod service;
 mod socket;
+pub mod strict;
 mod stub;
 
 /// Code generated from `proto/nri.proto` at build time (messages and ttrpc services).

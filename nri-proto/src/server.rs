@@ -283,7 +283,7 @@ fn status_of(e: ttrpc::Error) -> Status {
 type Served = (Result<Vec<u8>, Status>, Option<Box<dyn Send>>);
 
 /// The answer to a `method` request that does not decode.
-fn bad_request(method: &str, e: protobuf::Error) -> Served {
+fn bad_request(method: &str, e: impl std::fmt::Display) -> Served {
     let why = format!("bad {method} request: {e}");
     (Err(ttrpc::get_status(Code::INVALID_ARGUMENT, why)), None)
 }
@@ -340,6 +340,10 @@ macro_rules! plugin_service {
                 _ => None,
             };
             if let Some(keep) = lean {
+                let descriptor = <SynchronizeRequest as protobuf::MessageFull>::descriptor();
+                if let Err(e) = crate::strict::check(payload, &descriptor) {
+                    return bad_request("Synchronize", e);
+                }
                 let mut req = match LeanSynchronize::decode_keeping(payload, &keep) {
                     Ok(req) => req,
                     Err(e) => return bad_request("Synchronize", e),
@@ -349,7 +353,7 @@ macro_rules! plugin_service {
             }
             match method {
                 $($name => {
-                    let mut req = match <$req>::parse_from_bytes(payload) {
+                    let mut req = match crate::strict::parse::<$req>(payload) {
                         Ok(req) => req,
                         Err(e) => return bad_request($name, e),
                     };

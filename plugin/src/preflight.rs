@@ -7,8 +7,14 @@
 //! writes and removes files only in the real directory it opened; a link higher up the path, like
 //! `/var/run -> /run`, is fine). Missing directories are created (one level, with the mode the
 //! packaging's tmpfiles.d entry uses) when their parent exists, and only once every check passed:
-//! a refused start creates nothing. A missing parent means a wrong path in the config or a broken
+//! a refused start creates nothing. Writability is asked of the kernel (`eaccess`), never probed
+//! with a file, so a start leaves the directories' modification times alone. A missing parent means a wrong path in the config or a broken
 //! host, and is refused rather than papered over with `mkdir -p`.
+//!
+//! A directory that exists with an owner other than the user nri-accel runs as, or writable by
+//! its group or by everyone, is refused (never repaired: what another user may already have
+//! planted in it would then be trusted): the state dir (and its `checkpoint/`), the CDI dir and
+//! the claims socket dir.
 //!
 //! Every path is a parameter, so tests run the real checks on temp dirs.
 
@@ -159,8 +165,22 @@ pub enum PreflightError {
         role: DirRole,
         /// The directory.
         path: PathBuf,
-        /// The error from creating a probe file.
+        /// What the kernel answered to a write access check.
         source: io::Error,
+    },
+    /// The directory's mode or owner lets another user create or replace files in it.
+    #[error(
+        "{role} {path} is not safe to use: {why}, so another user could plant {what} in it. nri-accel changes nothing and does not start: check what is in it, then make it root's and not writable by group or others (chown root:root {path} && chmod go-w {path}) and start again"
+    )]
+    Unsafe {
+        /// Which directory.
+        role: DirRole,
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with its mode or owner.
+        why: String,
+        /// What could be planted.
+        what: &'static str,
     },
     /// The directory is a symbolic link.
     #[error(
@@ -230,6 +250,14 @@ pub fn run(paths: &PreflightPaths) -> Result<PreflightReport, PreflightFailed> {
         (DirRole::Cdi, &paths.cdi_dir),
         (DirRole::ClaimsSocket, &paths.claims_socket_dir),
     ];
+    // The checkpoint dir inside the state dir, when it exists, is held to the same rule.
+    let checkpoint = paths.state_dir.join(crate::checkpoint::CHECKPOINT_DIR);
+    if let Ok(meta) = std::fs::symlink_metadata(&checkpoint)
+        && meta.is_dir()
+        && let Err(e) = check_owner_and_mode(DirRole::State, &checkpoint, &meta)
+    {
+        problems.push(e);
+    }
     let mut missing = Vec::new();
     for (role, dir) in dirs {
         match inspect_dir(role, dir) {
@@ -255,6 +283,47 @@ pub fn run(paths: &PreflightPaths) -> Result<PreflightReport, PreflightFailed> {
     }
 }
 
+/// Why a directory of `mode` owned by `owner` lets a user other than `euid` create, rename or
+/// remove files in it; `None` when only `euid` can (and root, who can anyway).
+pub fn unsafe_dir(mode: u32, owner: u32, euid: u32) -> Option<String> {
+    let mode = mode & 0o7777;
+    if owner != euid {
+        Some(format!(
+            "it is owned by uid {owner}, not by uid {euid} that nri-accel runs as"
+        ))
+    } else if mode & 0o002 != 0 {
+        Some(format!("every user may write in it (mode {mode:o})"))
+    } else if mode & 0o020 != 0 {
+        Some(format!("its group may write in it (mode {mode:o})"))
+    } else {
+        None
+    }
+}
+
+/// Refuses a directory whose owner or mode would let another user plant files (see
+/// [`unsafe_dir`]); repairing it would hide what may already have been planted.
+fn check_owner_and_mode(
+    role: DirRole,
+    dir: &Path,
+    meta: &std::fs::Metadata,
+) -> Result<(), PreflightError> {
+    use std::os::unix::fs::MetadataExt;
+    let euid = nix::unistd::geteuid().as_raw();
+    match unsafe_dir(meta.mode(), meta.uid(), euid) {
+        None => Ok(()),
+        Some(why) => Err(PreflightError::Unsafe {
+            role,
+            path: dir.to_owned(),
+            why,
+            what: match role {
+                DirRole::State => "a checkpoint (records of grants)",
+                DirRole::Cdi => "a CDI spec (a device grant the runtime honours)",
+                DirRole::ClaimsSocket => "a socket in place of the claims API's",
+            },
+        }),
+    }
+}
+
 /// Checks `dir` without creating anything: `Ok(true)` when it is a writable directory,
 /// `Ok(false)` when it is missing but can be created (its parent is a writable directory).
 fn inspect_dir(role: DirRole, dir: &Path) -> Result<bool, PreflightError> {
@@ -273,7 +342,10 @@ fn inspect_dir(role: DirRole, dir: &Path) -> Result<bool, PreflightError> {
         });
     }
     match std::fs::metadata(dir) {
-        Ok(meta) if meta.is_dir() => ensure_writable_dir(role, dir).map(|_| true),
+        Ok(meta) if meta.is_dir() => {
+            check_owner_and_mode(role, dir, &meta)?;
+            ensure_writable_dir(role, dir).map(|_| true)
+        }
         Ok(_) => Err(PreflightError::NotADirectory {
             role,
             path: dir.to_owned(),
@@ -376,18 +448,18 @@ pub fn ensure_writable_dir(role: DirRole, dir: &Path) -> Result<bool, PreflightE
             });
         }
     };
-    // A real probe: permissions, read-only mounts (ProtectSystem) and full disks all show here.
-    let probe = tempfile::Builder::new()
-        .prefix(".nri-accel-preflight-")
-        .tempfile_in(dir)
-        .map_err(|source| PreflightError::NotWritable {
-            role,
-            path: dir.to_owned(),
-            source,
-        })?;
-    // Dropping the probe removes it; a failed removal leaves a harmless dot-file.
-    if let Err(e) = probe.close() {
-        tracing::warn!(dir = %dir.display(), error = %e, "could not remove the preflight probe file");
-    }
+    // Asked of the kernel with the effective ids, creating nothing: a probe file would change
+    // the directory's modification time on every start, refused ones too. Permissions and
+    // read-only mounts (ProtectSystem) show here (EACCES, EROFS); a full disk shows at the
+    // first write, with that file's name.
+    nix::unistd::eaccess(
+        dir,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+    )
+    .map_err(|e| PreflightError::NotWritable {
+        role,
+        path: dir.to_owned(),
+        source: io::Error::from_raw_os_error(e as i32),
+    })?;
     Ok(created)
 }

@@ -199,6 +199,11 @@ fn other_bad_values_are_refused() {
         ("pools: []\n", "pools"),
         ("metrics: {listen: \"0.0.0.0:9464\"}\n", "metrics.listen"),
         ("annotations: {prefix: Accel}\n", "annotations.prefix"),
+        ("dra: {max_connections: 0}\n", "dra.max_connections"),
+        (
+            "device_plugin: {max_connections: 0}\n",
+            "device_plugin.max_connections",
+        ),
         (
             "discovery:\n  static_devices:\n    - {id: a, vendor: x, nodes: [{path: /tmp/x, major: 1, minor: 1}]}\n",
             "discovery.static_devices[0].nodes[0].path",

@@ -5,9 +5,16 @@
 //! devices, and a kubelet restart that wipes the directory.
 //! The `nri-accel` binary end to end is in e2e_device_plugin.rs.
 
+#[path = "kubelet_common/raw_h2.rs"]
+#[allow(dead_code)]
+mod raw_h2;
+
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+
+use prost::Message;
 
 use kube_sim::kubelet::{DevicePluginKubelet, SimError};
 use nri_accel::checkpoint::Checkpoint;
@@ -114,6 +121,10 @@ fn dp_config(dir: &Path, grace: u64) -> DevicePluginConfig {
 }
 
 async fn setup(grace: u64) -> Setup {
+    setup_with(grace, |_| {}).await
+}
+
+async fn setup_with(grace: u64, edit: impl FnOnce(&mut DevicePluginConfig)) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("device-plugins");
     let cdi = tmp.path().join("cdi");
@@ -140,7 +151,11 @@ async fn setup(grace: u64) -> Setup {
     let kubelet = DevicePluginKubelet::start(&dir).unwrap();
     let gate = Gate::new();
     let plugins = DevicePlugins::start(
-        &dp_config(&dir, grace),
+        &{
+            let mut cfg = dp_config(&dir, grace);
+            edit(&mut cfg);
+            cfg
+        },
         &pools(),
         engine.clone(),
         gate.clone(),
@@ -512,5 +527,191 @@ async fn a_kubelet_restart_that_wipes_the_directory_gets_every_resource_register
     .unwrap();
     let back = DevicePluginKubelet::start(&dir).unwrap();
     back.wait_registered(WHOLE, WAIT).await.unwrap();
+    s.plugins.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_replaced_at_once_is_registered_with_again_whatever_inode_its_socket_gets() {
+    let mut s = setup(60).await;
+    let socket = s.dir.join("kubelet.sock");
+    let inode = || std::fs::metadata(&socket).unwrap().ino();
+    let before = inode();
+    // Every state resource 0 goes through, from now on.
+    let mut reg = s.plugins.subscribe_registration(0);
+    let seen = Arc::new(std::sync::Mutex::new(vec![reg.borrow_and_update().clone()]));
+    let recorder = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while reg.changed().await.is_ok() {
+                let now = reg.borrow_and_update().clone();
+                seen.lock().unwrap().push(now);
+            }
+        })
+    };
+    // The kubelet dies (its ListAndWatch streams close) and a new one binds kubelet.sock at
+    // once; the plugins' own sockets stay.
+    s.kubelet.restart_in_place().await.unwrap();
+    let reused = inode() == before;
+    eprintln!("the new kubelet.sock reused the old inode: {reused}");
+    assert!(s.dir.join("nri-accel-whole.sock").exists());
+    for r in [WHOLE, SHARED, MIG] {
+        s.kubelet
+            .wait_plugin(r, WAIT, |p| p.updates > 0)
+            .await
+            .unwrap_or_else(|e| panic!("{r} not registered with the new kubelet: {e}"));
+        assert_eq!(s.kubelet.registrations(r), 2, "{r}");
+    }
+    for (i, r) in s.plugins.status().resources.iter().enumerate() {
+        assert!(
+            matches!(r.registration, Registration::Registered { .. }),
+            "{i}: {:?}",
+            r.registration
+        );
+    }
+
+    // The kubelet dies and stays dead, its socket file left behind: status stops saying
+    // "registered".
+    let dir = s.dir.clone();
+    let old = std::mem::replace(
+        &mut s.kubelet,
+        DevicePluginKubelet::start(&s._tmp.path().join("elsewhere")).unwrap(),
+    );
+    old.stop().await;
+    assert!(dir.join("kubelet.sock").exists());
+    let mut reg = s.plugins.subscribe_registration(0);
+    tokio::time::timeout(
+        WAIT,
+        reg.wait_for(|r| matches!(r, Registration::Failed { .. })),
+    )
+    .await
+    .expect("status still says registered with the kubelet gone")
+    .unwrap();
+    s.plugins.shutdown().await;
+    recorder.abort();
+    let seen = seen.lock().unwrap().clone();
+    // Registered, then not, then registered again (with the replaced kubelet), then failed.
+    let registered = |r: &Registration| matches!(r, Registration::Registered { .. });
+    assert!(registered(&seen[0]), "{seen:?}");
+    let gap = seen.iter().position(|r| !registered(r)).expect("a gap");
+    assert!(
+        seen[gap..].iter().any(registered),
+        "never registered again: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_plugin_socket_answers_the_kubelets_percent_encoded_authority() {
+    use kubelet_proto::deviceplugin as pb;
+    use raw_h2::{Answer, RawGrpc, kubelet_authority};
+    let s = setup(60).await;
+    let socket = s.dir.join("nri-accel-whole.sock");
+    let authority = kubelet_authority(&socket);
+    let mut client = RawGrpc::connect(&socket).await.unwrap();
+    let empty = pb::Empty {}.encode_to_vec();
+    let answer = client
+        .call(
+            "/v1beta1.DevicePlugin/GetDevicePluginOptions",
+            &authority,
+            &empty,
+            false,
+        )
+        .await
+        .unwrap();
+    let Answer::Done {
+        grpc_status,
+        messages,
+        ..
+    } = answer
+    else {
+        panic!("GetDevicePluginOptions: {answer:?}");
+    };
+    assert_eq!(grpc_status, "0");
+    let options = pb::DevicePluginOptions::decode(&messages[0][..]).unwrap();
+    assert!(options.get_preferred_allocation_available);
+    let answer = client
+        .call(
+            "/v1beta1.DevicePlugin/ListAndWatch",
+            &authority,
+            &empty,
+            true,
+        )
+        .await
+        .unwrap();
+    let Answer::Streaming { first, .. } = answer else {
+        panic!("ListAndWatch: {answer:?}");
+    };
+    let listed = pb::ListAndWatchResponse::decode(&first[..]).unwrap();
+    assert_eq!(listed.devices.len(), 4);
+    let request = pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest {
+            devices_ids: vec!["gpu2".into()],
+        }],
+    };
+    let answer = client
+        .call(
+            "/v1beta1.DevicePlugin/Allocate",
+            &authority,
+            &request.encode_to_vec(),
+            false,
+        )
+        .await
+        .unwrap();
+    let Answer::Done {
+        grpc_status,
+        messages,
+        ..
+    } = answer
+    else {
+        panic!("Allocate: {answer:?}");
+    };
+    assert_eq!(grpc_status, "0");
+    let allocated = pb::AllocateResponse::decode(&messages[0][..]).unwrap();
+    assert_eq!(allocated.container_responses[0].cdi_devices.len(), 1);
+    s.plugins.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_connection_cap_holds_and_the_kubelets_listandwatch_is_never_idle() {
+    use raw_h2::RawGrpc;
+    // One connection per socket, closed after a second without a call.
+    let s = setup_with(60, |cfg| {
+        cfg.max_connections = 1;
+        cfg.idle_timeout_secs = 1;
+    })
+    .await;
+    let socket = s.dir.join("nri-accel-whole.sock");
+    // The kubelet's ListAndWatch connection is the one: another is closed at once.
+    s.kubelet
+        .wait_plugin(WHOLE, WAIT, |p| p.streaming)
+        .await
+        .unwrap();
+    let mut extra = RawGrpc::connect(&socket).await.unwrap();
+    extra
+        .wait_closed(WAIT)
+        .await
+        .expect("a connection over the cap is closed");
+    // Well past the idle timeout, the kubelet's stream still works: a health change reaches it.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(s.kubelet.plugin(WHOLE).unwrap().streaming);
+    let mut report = HealthReport::all_healthy(&inventory());
+    report.devices.insert(
+        "gpu3".into(),
+        DeviceHealth {
+            healthy: false,
+            reason: "gone".into(),
+        },
+    );
+    s.health.send_replace(Arc::new(report));
+    let p = s
+        .kubelet
+        .wait_plugin(WHOLE, WAIT, |p| !p.unhealthy().is_empty())
+        .await
+        .unwrap();
+    assert_eq!(p.unhealthy(), ["gpu3"]);
+    assert_eq!(
+        s.kubelet.registrations(WHOLE),
+        1,
+        "the stream was never cut"
+    );
     s.plugins.shutdown().await;
 }

@@ -24,16 +24,24 @@ fn serve_registration(
     let service = RegistrationService::dra(DRIVER, endpoint, versions);
     let state = service.subscribe();
     let router = Server::builder().add_service(service.into_server());
-    let socket = ServedSocket::serve(&registry.join(format!("{DRIVER}-reg.sock")), router)
-        .expect("registration socket");
+    let socket = ServedSocket::serve(
+        &registry.join(format!("{DRIVER}-reg.sock")),
+        router,
+        Default::default(),
+    )
+    .expect("registration socket");
     (socket, state)
 }
 
 /// Some service on the endpoint, so the kubelet finds it there.
 fn serve_endpoint(path: &Path) -> ServedSocket {
     let filler = RegistrationService::dra(DRIVER, path, &[]);
-    ServedSocket::serve(path, Server::builder().add_service(filler.into_server()))
-        .expect("endpoint socket")
+    ServedSocket::serve(
+        path,
+        Server::builder().add_service(filler.into_server()),
+        Default::default(),
+    )
+    .expect("endpoint socket")
 }
 
 async fn wait_state(
@@ -106,8 +114,12 @@ async fn stale_sockets_are_replaced_and_foreign_files_refused() {
     // A socket another process serves: refused, left alone.
     let live = std::os::unix::net::UnixListener::bind(&path).unwrap();
     let filler = RegistrationService::dra(DRIVER, &path, &[]);
-    let err = ServedSocket::serve(&path, Server::builder().add_service(filler.into_server()))
-        .unwrap_err();
+    let err = ServedSocket::serve(
+        &path,
+        Server::builder().add_service(filler.into_server()),
+        Default::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, KubeletError::InUse { .. }), "{err}");
     assert!(
         err.to_string().contains(&path.display().to_string()),
@@ -119,8 +131,12 @@ async fn stale_sockets_are_replaced_and_foreign_files_refused() {
     // A regular file: refused and never deleted.
     std::fs::write(&path, b"not a socket").unwrap();
     let filler = RegistrationService::dra(DRIVER, &path, &[]);
-    let err = ServedSocket::serve(&path, Server::builder().add_service(filler.into_server()))
-        .unwrap_err();
+    let err = ServedSocket::serve(
+        &path,
+        Server::builder().add_service(filler.into_server()),
+        Default::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, KubeletError::NotASocket { .. }), "{err}");
     assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
 }

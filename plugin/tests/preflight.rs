@@ -18,6 +18,9 @@ impl Host {
         let root = tempfile::tempdir().unwrap();
         for d in ["state", "cdi", "run"] {
             std::fs::create_dir(root.path().join(d)).unwrap();
+            // Whatever the umask: a group-writable dir is refused.
+            std::fs::set_permissions(root.path().join(d), PermissionsExt::from_mode(0o755))
+                .unwrap();
         }
         let listener = UnixListener::bind(root.path().join("nri.sock")).unwrap();
         Self {
@@ -49,8 +52,20 @@ fn healthy_host_passes_and_creates_nothing() {
     let host = Host::new();
     let report = run(&host.paths()).unwrap();
     assert!(report.created.is_empty());
-    // The write probe left nothing behind.
     assert_eq!(std::fs::read_dir(host.p("state")).unwrap().count(), 0);
+}
+
+#[test]
+fn checks_leave_the_directories_modification_times_alone() {
+    let host = Host::new();
+    let mtimes = || {
+        ["state", "cdi", "run"].map(|d| std::fs::metadata(host.p(d)).unwrap().modified().unwrap())
+    };
+    let before = mtimes();
+    // Long enough for any change to show on a file system with coarse timestamps.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    run(&host.paths()).unwrap();
+    assert_eq!(mtimes(), before, "no probe file is created and removed");
 }
 
 #[test]
@@ -237,4 +252,42 @@ fn a_state_or_cdi_dir_that_is_a_symlink_is_refused_and_a_link_above_is_fine() {
     );
     assert!(msg.contains(&real.display().to_string()), "{msg}");
     assert!(!tmp.path().join("cdi").exists(), "nothing created");
+}
+
+#[test]
+fn a_dir_others_may_write_in_is_refused_and_left_as_it_is() {
+    for (dir, mode, says) in [
+        ("state", 0o777, "every user may write in it (mode 777)"),
+        ("cdi", 0o1777, "every user may write in it (mode 1777)"),
+        ("cdi", 0o775, "its group may write in it (mode 775)"),
+        ("run", 0o757, "every user may write in it"),
+        ("state/checkpoint", 0o770, "its group may write in it"),
+    ] {
+        let host = Host::new();
+        std::fs::create_dir_all(host.p(dir)).unwrap();
+        std::fs::set_permissions(host.p(dir), PermissionsExt::from_mode(mode)).unwrap();
+        let err = run(&host.paths()).expect_err(dir);
+        let text = err.to_string();
+        assert!(text.contains(&host.p(dir).display().to_string()), "{text}");
+        assert!(text.contains(says), "{dir}: {text}");
+        assert!(text.contains("chmod go-w"), "{text}");
+        let after = std::fs::metadata(host.p(dir)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(after, mode, "{dir}: not repaired");
+    }
+}
+
+#[test]
+fn a_dir_owned_by_another_user_is_refused() {
+    use nri_accel::preflight::unsafe_dir;
+    assert_eq!(unsafe_dir(0o40755, 0, 0), None);
+    assert_eq!(unsafe_dir(0o40700, 1000, 1000), None);
+    let why = unsafe_dir(0o40755, 1000, 0).unwrap();
+    assert!(why.contains("owned by uid 1000, not by uid 0"), "{why}");
+    if is_root() {
+        // For real: a dir handed to another uid.
+        let host = Host::new();
+        nix::unistd::chown(&host.p("cdi"), Some(nix::unistd::Uid::from_raw(4242)), None).unwrap();
+        let err = run(&host.paths()).expect_err("owned by 4242");
+        assert!(err.to_string().contains("owned by uid 4242"), "{err}");
+    }
 }

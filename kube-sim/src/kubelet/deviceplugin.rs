@@ -174,6 +174,16 @@ impl DevicePluginKubelet {
         self.serve()
     }
 
+    /// Restarts without a gap and without touching the plugins' sockets: forgets every plugin
+    /// (their ListAndWatch streams close), then removes `kubelet.sock` and binds a new one at
+    /// once, so the new socket may get the old one's inode back (ext4 reuses them). Allocations
+    /// are kept.
+    pub async fn restart_in_place(&mut self) -> std::io::Result<()> {
+        self.stop_server().await;
+        self.shared.bump();
+        self.serve()
+    }
+
     /// Stops serving; the socket file is left as a dead kubelet leaves it.
     pub async fn stop(mut self) {
         self.stop_server().await;

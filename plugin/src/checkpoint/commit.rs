@@ -303,7 +303,11 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
             return (Err(err), poison);
         }
         self.step(CheckpointStep::WalAppended);
-        if let Err(e) = wal.file.sync_data() {
+        let synced = match lock(&self.sync_fault).as_ref().and_then(|f| f()) {
+            Some(e) => Err(e),
+            None => wal.file.sync_data(),
+        };
+        if let Err(e) = synced {
             // (Every batch is critical here: the checkpoint refuses commits from now on.)
             // After a failed fsync the page cache cannot be trusted.
             let cause = format!("syncing {} failed: {e}", self.wal_path.display());

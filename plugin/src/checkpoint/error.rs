@@ -44,6 +44,16 @@ pub enum CheckpointError {
         /// Version this build reads.
         supported: u32,
     },
+    /// A checkpoint file has more than one name (a hard link): nri-accel writes it in place.
+    #[error(
+        "the checkpoint file {path} has {links} names on its file system (a hard link): nri-accel appends to it in place and would change the other names' file too. Nothing was changed. Find the other names (find / -xdev -samefile {path}), remove them, and start again"
+    )]
+    HardLinked {
+        /// The file.
+        path: PathBuf,
+        /// Its link count.
+        links: u64,
+    },
     /// The checkpoint directory cannot be used (a symbolic link, not a directory).
     #[error("checkpoint directory {path}: {reason}")]
     Dir {

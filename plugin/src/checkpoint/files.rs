@@ -36,6 +36,7 @@ pub(crate) fn read_bounded(dir: &Dir, name: &str) -> Result<Option<Vec<u8>>, Che
             reason: "it is not a regular file".into(),
         });
     }
+    check_single_link(&path, &meta)?;
     let len = meta.len();
     if len > MAX_FILE_BYTES {
         return Err(too_large(len));
@@ -50,10 +51,29 @@ pub(crate) fn read_bounded(dir: &Dir, name: &str) -> Result<Option<Vec<u8>>, Che
     Ok(Some(bytes))
 }
 
-/// Creates (or replaces) `name` in `dir` with `bytes`, mode 0600, and syncs it.
+/// Refuses a checkpoint file that has another name on the file system (a hard link): the log
+/// is appended to in place, so writing it would change the other name's file too.
+pub(crate) fn check_single_link(
+    path: &std::path::Path,
+    meta: &std::fs::Metadata,
+) -> Result<(), CheckpointError> {
+    use std::os::unix::fs::MetadataExt;
+    match meta.nlink() {
+        0 | 1 => Ok(()),
+        links => Err(CheckpointError::HardLinked {
+            path: path.to_owned(),
+            links,
+        }),
+    }
+}
+
+/// Creates `name` in `dir` as a new file with `bytes`, mode 0600, and syncs it. A leftover
+/// of that name is unlinked first and the new file is created exclusively (`O_EXCL`), so a
+/// file planted there (a hard link to a file elsewhere) is never opened, let alone truncated.
 /// The returned handle is open for reading and writing.
 pub(crate) fn write_synced(dir: &Dir, name: &str, bytes: &[u8]) -> io::Result<File> {
-    let mut file = dir.open_file(name, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_TRUNC, 0o600)?;
+    dir.unlink(name)?;
+    let mut file = dir.open_file(name, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL, 0o600)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     Ok(file)

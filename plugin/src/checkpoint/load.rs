@@ -245,6 +245,27 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
         }
     }
 
+    /// [`Checkpoint::load_in`] of the directory `name` inside `parent`, opened through the
+    /// parent's handle; a missing directory loads as an empty checkpoint and is created only by
+    /// [`Loaded::open`], so a start refused after the load leaves nothing behind.
+    pub fn load_child(
+        parent: &Dir,
+        name: &str,
+        boot_id: &str,
+    ) -> Result<Loaded<R, U>, CheckpointError> {
+        match parent.child(name, None) {
+            Ok((d, _)) => Self::load_in(d, boot_id),
+            Err(DirError::Missing { .. }) => {
+                check_boot_id(boot_id)?;
+                Ok(Loaded::empty(Err(parent.display(name)), boot_id))
+            }
+            Err(e) => Err(CheckpointError::Dir {
+                path: parent.display(name),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
     /// Reads and checks the checkpoint in the opened directory `dir` for the boot `boot_id`,
     /// changing nothing.
     ///

@@ -209,6 +209,9 @@ impl<R: Payload, U: Payload> Loaded<R, U> {
                 let file = dir
                     .open_file(WAL_FILE, OFlag::O_RDWR, 0)
                     .map_err(io("opening", &wal_path))?;
+                // Checked again on the handle written from now on (load checked the name).
+                let meta = file.metadata().map_err(io("checking", &wal_path))?;
+                super::files::check_single_link(&wal_path, &meta)?;
                 if let Some(torn) = &report.torn_tail {
                     tracing::warn!(
                         file = %wal_path.display(),
@@ -274,6 +277,7 @@ impl<R: Payload, U: Payload> Loaded<R, U> {
             written: Condvar::new(),
             hook: Mutex::new(None),
             fault: Mutex::new(None),
+            sync_fault: Mutex::new(None),
         };
         Ok((checkpoint, report))
     }

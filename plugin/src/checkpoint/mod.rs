@@ -224,8 +224,10 @@ struct Queued<R, U> {
 #[must_use = "a queued commit is durable only once waited for"]
 pub struct Ticket(u64);
 
-/// A test hook consulted before each append to the log: an error it answers fails that
-/// append as a full disk would (the append is cut back and reported to its callers).
+/// A test hook consulted before each append to the log ([`Checkpoint::set_fault_hook`]: an
+/// error it answers fails that append as a full disk would; the append is cut back and reported
+/// to its callers) or before each sync of the log ([`Checkpoint::set_sync_fault_hook`]: the sync
+/// fails as a dying disk's would, and the checkpoint refuses later commits).
 pub type FaultHook = Arc<dyn Fn() -> Option<std::io::Error> + Send + Sync>;
 
 /// A batch failure, shared by every commit of the batch.
@@ -273,6 +275,7 @@ pub struct Checkpoint<R, U> {
     written: Condvar,
     hook: Mutex<Option<StepHook>>,
     fault: Mutex<Option<FaultHook>>,
+    sync_fault: Mutex<Option<FaultHook>>,
 }
 
 impl<R, U> std::fmt::Debug for Checkpoint<R, U> {
@@ -377,6 +380,11 @@ impl<R, U> Checkpoint<R, U> {
     /// Installs (or removes) the append fault hook; for failure tests.
     pub fn set_fault_hook(&self, hook: Option<FaultHook>) {
         *lock(&self.fault) = hook;
+    }
+
+    /// Installs (or removes) the hook asked before each sync of the log; for failure tests.
+    pub fn set_sync_fault_hook(&self, hook: Option<FaultHook>) {
+        *lock(&self.sync_fault) = hook;
     }
 
     fn step(&self, step: CheckpointStep) {

@@ -44,6 +44,18 @@ pub(crate) fn claim_from_proto(claim: pb::Claim, limits: &Limits) -> Result<Clai
                     limits.max_results_per_claim
                 ));
             }
+            for (i, r) in results.results.iter().enumerate() {
+                let field = |name: &str| format!("results[{i}].{name}");
+                check_name(&field("request"), &uid, &r.request)?;
+                check_name(&field("driver"), &uid, &r.driver)?;
+                check_name(&field("pool"), &uid, &r.pool)?;
+                check_name(&field("device"), &uid, &r.device)?;
+                check_name(
+                    &field("share_id"),
+                    &uid,
+                    r.share_id.as_deref().unwrap_or(""),
+                )?;
+            }
             ClaimAsk::Results(
                 results
                     .results
@@ -70,7 +82,8 @@ pub(crate) fn claim_from_proto(claim: pb::Claim, limits: &Limits) -> Result<Clai
                 ));
             }
             let mut asks = Vec::with_capacity(count.requests.len());
-            for r in count.requests {
+            for (i, r) in count.requests.into_iter().enumerate() {
+                check_count_strings(&uid, i, &r)?;
                 asks.push(count_from_proto(&uid, r)?);
             }
             ClaimAsk::Count(asks)
@@ -82,6 +95,24 @@ pub(crate) fn claim_from_proto(claim: pb::Claim, limits: &Limits) -> Result<Clai
         name: claim.name,
         ask,
     })
+}
+
+/// Every string of count request `i` is held like a namespace or a name (the request name and
+/// the selector are kept in the claim's record): at most 253 characters, no control characters.
+fn check_count_strings(uid: &str, i: usize, r: &pb::CountRequest) -> Result<(), String> {
+    let field = |name: &str| format!("requests[{i}].{name}");
+    check_name(&field("request"), uid, &r.request)?;
+    check_name(&field("profile"), uid, &r.profile)?;
+    check_name(&field("policy"), uid, &r.policy)?;
+    if let Some(s) = r.selector.as_ref() {
+        check_name(&field("selector.vendor"), uid, &s.vendor)?;
+        check_name(&field("selector.model"), uid, &s.model)?;
+        check_name(&field("selector.pci_id"), uid, &s.pci_id)?;
+        for (j, id) in s.device_ids.iter().enumerate() {
+            check_name(&field(&format!("selector.device_ids[{j}]")), uid, id)?;
+        }
+    }
+    Ok(())
 }
 
 fn count_from_proto(uid: &str, r: pb::CountRequest) -> Result<CountAsk, String> {
@@ -406,6 +437,44 @@ mod tests {
             c.requests[0].count = 0;
         }
         assert!(claim_from_proto(claim, &limits).is_err());
+    }
+
+    #[test]
+    fn request_names_are_checked_like_names_naming_the_field() {
+        let limits = Limits::default();
+        for bad in ["gpu\0x".to_string(), "r".repeat(900_000)] {
+            let mut claim = claim_to_proto(&count_claim());
+            if let Some(pb::claim::Ask::Count(c)) = claim.ask.as_mut() {
+                c.requests[0].request = bad.clone();
+            }
+            let err = claim_from_proto(claim, &limits).expect_err("bad count request name");
+            assert!(err.contains("claim u1: requests[0].request"), "{err}");
+            assert!(
+                err.len() < 400,
+                "the value is shortened: {} bytes",
+                err.len()
+            );
+
+            let mut claim = claim_to_proto(&count_claim());
+            claim.ask = Some(pb::claim::Ask::Results(pb::AllocationResults {
+                results: vec![pb::AllocationResult {
+                    request: bad.clone(),
+                    driver: "accel.nri.io".into(),
+                    pool: "gpus".into(),
+                    device: "gpus-gpu0".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }));
+            let err = claim_from_proto(claim, &limits).expect_err("bad result request name");
+            assert!(err.contains("claim u1: results[0].request"), "{err}");
+        }
+        let mut claim = claim_to_proto(&count_claim());
+        if let Some(pb::claim::Ask::Count(c)) = claim.ask.as_mut() {
+            c.requests[0].selector.mut_or_insert_default().device_ids = vec!["a\nb".into()];
+        }
+        let err = claim_from_proto(claim, &limits).expect_err("bad selector");
+        assert!(err.contains("requests[0].selector.device_ids[0]"), "{err}");
     }
 
     #[test]

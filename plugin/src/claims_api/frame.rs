@@ -4,46 +4,42 @@
 //! and ends the connection on the first frame that is not a request or that declares a payload
 //! over ttrpc's 4 MiB frame limit. ttrpc alone would try to read and discard such a body, holding
 //! the connection open on garbage; with the guard, malformed bytes close the connection.
+//! It also counts the calls in flight (request frames read, response frames written), so a
+//! connection silent past the idle timeout with none in flight can be closed, and it holds the
+//! connection's slot under the connection cap until the connection ends.
 //! The finer, configurable message limit is checked per request before decoding (see `service.rs`),
 //! so a well-formed but too large request gets a clear status instead of a closed connection.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Sleep;
 
 use super::peer::PeerCred;
 
 const HEADER_LEN: usize = ttrpc::proto::MESSAGE_HEADER_LENGTH;
 
-/// Wraps a connected stream and checks every inbound frame header.
-pub(crate) struct FrameGuard<S> {
-    inner: S,
-    peer: PeerCred,
+/// Follows ttrpc frame headers across arbitrary chunks of one direction of a connection.
+#[derive(Default)]
+struct Framer {
     header: [u8; HEADER_LEN],
     header_filled: usize,
     body_left: usize,
-    max_frame: usize,
-    broken: bool,
 }
 
-impl<S> FrameGuard<S> {
-    /// Guards `inner`, refusing frames whose payload exceeds `max_frame` bytes.
-    pub(crate) fn new(inner: S, peer: PeerCred, max_frame: usize) -> Self {
-        Self {
-            inner,
-            peer,
-            header: [0; HEADER_LEN],
-            header_filled: 0,
-            body_left: 0,
-            max_frame,
-            broken: false,
-        }
-    }
-
-    /// Follows the frames in `bytes`; an error names what was wrong.
-    fn inspect(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+impl Framer {
+    /// Follows the frames in `bytes`, calling `on_header(length, type)` for each whole header;
+    /// its error stops the walk.
+    fn feed(
+        &mut self,
+        mut bytes: &[u8],
+        mut on_header: impl FnMut(usize, u8) -> Result<(), String>,
+    ) -> Result<(), String> {
         while !bytes.is_empty() {
             if self.body_left > 0 {
                 let take = self.body_left.min(bytes.len());
@@ -60,22 +56,106 @@ impl<S> FrameGuard<S> {
                 self.header_filled = 0;
                 let [a, b, c, d, ..] = self.header;
                 let length = u32::from_be_bytes([a, b, c, d]) as usize;
-                let kind = self.header[8];
-                if kind != ttrpc::proto::MESSAGE_TYPE_REQUEST {
-                    return Err(format!(
-                        "frame type {kind} is not a ttrpc request (the claims API has no streams)"
-                    ));
-                }
-                if length > self.max_frame {
-                    return Err(format!(
-                        "frame declares {length} bytes, over the limit of {} bytes",
-                        self.max_frame
-                    ));
-                }
+                on_header(length, self.header[8])?;
                 self.body_left = length;
             }
         }
         Ok(())
+    }
+}
+
+/// Closes a connection that has no call in flight and has been silent this long.
+struct Idle {
+    after: Duration,
+    timer: Pin<Box<Sleep>>,
+}
+
+/// Wraps a connected stream and checks every inbound frame header.
+pub(crate) struct FrameGuard<S> {
+    inner: S,
+    peer: PeerCred,
+    inbound: Framer,
+    outbound: Framer,
+    /// Requests read whose response has not been written yet.
+    in_flight: usize,
+    max_frame: usize,
+    broken: bool,
+    idle: Option<Idle>,
+    /// The connection's slot under the connection cap, freed with the connection.
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+impl<S> FrameGuard<S> {
+    /// Guards `inner`, refusing frames whose payload exceeds `max_frame` bytes.
+    pub(crate) fn new(inner: S, peer: PeerCred, max_frame: usize) -> Self {
+        Self {
+            inner,
+            peer,
+            inbound: Framer::default(),
+            outbound: Framer::default(),
+            in_flight: 0,
+            max_frame,
+            broken: false,
+            idle: None,
+            _slot: None,
+        }
+    }
+
+    /// Ends the connection (as the peer closing it would) once it has been idle for `after`
+    /// with no call in flight. Needs a tokio runtime.
+    pub(crate) fn close_when_idle(mut self, after: Duration) -> Self {
+        self.idle = Some(Idle {
+            after,
+            timer: Box::pin(tokio::time::sleep(after)),
+        });
+        self
+    }
+
+    /// Holds `slot` for as long as the connection lives.
+    pub(crate) fn holding(mut self, slot: OwnedSemaphorePermit) -> Self {
+        self._slot = Some(slot);
+        self
+    }
+
+    fn touch(&mut self) {
+        if let Some(idle) = &mut self.idle {
+            let at = tokio::time::Instant::now() + idle.after;
+            idle.timer.as_mut().reset(at);
+        }
+    }
+
+    /// Follows the frames in `bytes`; an error names what was wrong.
+    fn inspect(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let max_frame = self.max_frame;
+        let mut requests = 0;
+        self.inbound.feed(bytes, |length, kind| {
+            if kind != ttrpc::proto::MESSAGE_TYPE_REQUEST {
+                return Err(format!(
+                    "frame type {kind} is not a ttrpc request (the claims API has no streams)"
+                ));
+            }
+            if length > max_frame {
+                return Err(format!(
+                    "frame declares {length} bytes, over the limit of {max_frame} bytes"
+                ));
+            }
+            requests += 1;
+            Ok(())
+        })?;
+        self.in_flight += requests;
+        Ok(())
+    }
+
+    /// Counts the responses in what was written.
+    fn written(&mut self, bytes: &[u8]) {
+        let mut responses = 0;
+        let _ = self.outbound.feed(bytes, |_, kind| {
+            if kind == ttrpc::proto::MESSAGE_TYPE_RESPONSE {
+                responses += 1;
+            }
+            Ok(())
+        });
+        self.in_flight = self.in_flight.saturating_sub(responses);
     }
 }
 
@@ -93,7 +173,30 @@ impl<S: AsyncRead + Unpin> AsyncRead for FrameGuard<S> {
             )));
         }
         let before = buf.filled().len();
-        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if read.is_pending() {
+            let in_flight = this.in_flight;
+            if let Some(idle) = &mut this.idle {
+                // Polled even while calls are in flight, so the timer always holds this task's
+                // waker; a deadline passed during a call just starts a new period.
+                while idle.timer.as_mut().poll(cx).is_ready() {
+                    if in_flight == 0 {
+                        tracing::info!(
+                            peer_uid = this.peer.uid,
+                            peer_pid = this.peer.pid,
+                            "closing a claims API connection idle for {}s with no call in flight (claims_api.idle_timeout_seconds); the caller reconnects",
+                            idle.after.as_secs_f64()
+                        );
+                        // As if the peer had closed: ttrpc ends the connection, freeing its slot.
+                        return Poll::Ready(Ok(()));
+                    }
+                    let at = tokio::time::Instant::now() + idle.after;
+                    idle.timer.as_mut().reset(at);
+                }
+            }
+            return Poll::Pending;
+        }
+        ready!(read)?;
         if let Err(why) = this.inspect(&buf.filled()[before..]) {
             this.broken = true;
             tracing::warn!(
@@ -104,6 +207,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for FrameGuard<S> {
             buf.set_filled(before);
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
         }
+        this.touch();
         Poll::Ready(Ok(()))
     }
 }
@@ -114,7 +218,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FrameGuard<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let n = ready!(Pin::new(&mut self.inner).poll_write(cx, buf))?;
+        self.written(&buf[..n]);
+        self.touch();
+        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -160,7 +267,8 @@ mod tests {
             let mut g = guard();
             g.inspect(&stream[..split]).expect("first part");
             g.inspect(&stream[split..]).expect("second part");
-            assert_eq!((g.header_filled, g.body_left), (0, 0));
+            assert_eq!((g.inbound.header_filled, g.inbound.body_left), (0, 0));
+            assert_eq!(g.in_flight, 3);
         }
     }
 

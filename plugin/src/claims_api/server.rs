@@ -10,6 +10,7 @@ use std::time::Duration;
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use nix::unistd::Gid;
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
 
 use super::error::ClaimsApiError;
 use super::frame::FrameGuard;
@@ -25,8 +26,9 @@ pub const DEFAULT_SOCKET_PATH: &str = "/run/nri-accel/claims.sock";
 /// How the claims API socket is set up and guarded.
 #[derive(Clone)]
 pub struct ServerOptions {
-    /// A group whose members may use the API: the socket becomes 0660 and is chowned to it.
-    /// Without one the socket is 0600.
+    /// A group whose members may use the API: the socket becomes 0660 and is chowned to it, and
+    /// so does its directory (mode 0750 at most, see `group_dir_mode`). Without one the socket
+    /// is 0600.
     pub group: Option<Gid>,
     /// Who may connect, by SO_PEERCRED credentials.
     pub policy: Arc<dyn PeerPolicy>,
@@ -100,13 +102,22 @@ impl ClaimsServer {
         })?;
         set_permissions(&path, &opts)?;
 
-        let policy = Arc::clone(&opts.policy);
-        let max_frame = ttrpc::proto::MESSAGE_LENGTH_MAX;
-        let incoming =
-            futures::stream::unfold((listener, policy), move |(listener, policy)| async move {
-                let stream = accept_admitted(&listener, policy.as_ref(), max_frame).await;
-                Some((Ok::<_, io::Error>(stream), (listener, policy)))
-            });
+        let cap = connection_cap(opts.limits.max_connections);
+        let accept = Arc::new(Acceptor {
+            policy: Arc::clone(&opts.policy),
+            slots: Arc::new(Semaphore::new(cap)),
+            refusals: Arc::new(Semaphore::new(REFUSALS_ANSWERED)),
+            max_frame: ttrpc::proto::MESSAGE_LENGTH_MAX,
+            idle_timeout: opts.limits.idle_timeout,
+            cap,
+        });
+        let incoming = futures::stream::unfold(listener, move |listener| {
+            let accept = Arc::clone(&accept);
+            async move {
+                let stream = accept.next(&listener).await;
+                Some((Ok::<_, io::Error>(stream), listener))
+            }
+        });
         let mut server = ttrpc::r#async::Server::new()
             .register_service(service::services(engine, gate, opts.limits))
             .add_listener(ttrpc::r#async::transport::Listener::new(incoming));
@@ -189,12 +200,48 @@ fn prepare_path(path: &Path) -> Result<(), ClaimsApiError> {
     }
 }
 
+/// The mode of the socket's directory when a group may use the socket: the group may enter it
+/// (`g+x`, and list it, `g+r`), never write in it; others keep what they had, minus write.
+pub(crate) fn group_dir_mode(current: u32) -> u32 {
+    (current & 0o7777 & !0o022) | 0o050
+}
+
+/// With a group, the socket's directory is handed to that group too (the packaged
+/// `/run/nri-accel` is 0750 root:root, which a member cannot enter: EACCES before the socket's
+/// own mode is even read). Only a directory nri-accel owns is changed; another is left alone
+/// with a warning.
+fn open_dir_to_group(path: &Path, group: Gid) -> Result<(), ClaimsApiError> {
+    use std::os::unix::fs::MetadataExt;
+    let Some(dir) = path.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let err = |source| ClaimsApiError::Permissions {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(dir).map_err(err)?;
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        tracing::warn!(dir = %dir.display(), owner = meta.uid(), "the claims socket's directory is not nri-accel's: its group and mode are left as they are, so members of claims_api.group may not reach the socket");
+        return Ok(());
+    }
+    let mode = group_dir_mode(meta.mode());
+    if meta.gid() != group.as_raw() {
+        nix::unistd::chown(dir, None, Some(group)).map_err(|e| err(io::Error::from(e)))?;
+    }
+    if meta.mode() & 0o7777 != mode {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    }
+    tracing::info!(dir = %dir.display(), gid = group.as_raw(), mode = %format!("{mode:o}"), "claims socket directory opened to claims_api.group");
+    Ok(())
+}
+
 fn set_permissions(path: &Path, opts: &ServerOptions) -> Result<(), ClaimsApiError> {
     let err = |source| ClaimsApiError::Permissions {
         path: path.to_path_buf(),
         source,
     };
     if let Some(group) = opts.group {
+        open_dir_to_group(path, group)?;
         nix::unistd::chown(path, None, Some(group)).map_err(|e| err(io::Error::from(e)))?;
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(opts.socket_mode())).map_err(err)
@@ -210,39 +257,103 @@ fn peer_cred(stream: &UnixStream) -> io::Result<PeerCred> {
     })
 }
 
-/// Accepts connections until one passes the policy; refused ones are logged and closed.
-async fn accept_admitted(
-    listener: &UnixListener,
-    policy: &dyn PeerPolicy,
+/// File descriptors kept free for everything but claims API connections (the checkpoint, spec
+/// files, the NRI and kubelet sockets, refused peers' answers).
+pub(crate) const FD_RESERVE: u64 = 256;
+/// Refused connections answered at once; beyond that a refused connection is just closed.
+const REFUSALS_ANSWERED: usize = 16;
+
+/// The connection cap actually enforced: `asked`, lowered so that the open file limit keeps
+/// [`FD_RESERVE`] descriptors (and the refusals' answers) free.
+pub(crate) fn connection_cap(asked: usize) -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(u64::MAX);
+    let room = soft.saturating_sub(FD_RESERVE + REFUSALS_ANSWERED as u64);
+    let cap = (asked as u64).min(room).max(1) as usize;
+    if cap < asked {
+        tracing::warn!(
+            asked,
+            cap,
+            open_file_limit = soft,
+            "claims API: claims_api.max_connections lowered to keep {FD_RESERVE} file descriptors in reserve; raise LimitNOFILE in the unit to serve more"
+        );
+    }
+    cap
+}
+
+/// Admits connections: by credentials, then under the connection cap.
+struct Acceptor {
+    policy: Arc<dyn PeerPolicy>,
+    slots: Arc<Semaphore>,
+    refusals: Arc<Semaphore>,
     max_frame: usize,
-) -> FrameGuard<UnixStream> {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Typically EMFILE: back off instead of spinning; the listener stays open.
-                tracing::warn!("claims API accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let peer = match peer_cred(&stream) {
-            Ok(peer) => peer,
-            Err(e) => {
-                tracing::warn!("claims API connection refused: cannot read peer credentials: {e}");
-                continue;
-            }
-        };
-        match policy.admit(&peer) {
-            Ok(()) => return FrameGuard::new(stream, peer, max_frame),
-            Err(why) => {
+    idle_timeout: Option<Duration>,
+    cap: usize,
+}
+
+impl Acceptor {
+    /// Accepts connections until one is admitted; refused ones are told why (while few) and
+    /// closed.
+    async fn next(&self, listener: &UnixListener) -> FrameGuard<UnixStream> {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Typically EMFILE: back off instead of spinning; the listener stays open.
+                    tracing::warn!("claims API accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let peer = match peer_cred(&stream) {
+                Ok(peer) => peer,
+                Err(e) => {
+                    tracing::warn!(
+                        "claims API connection refused: cannot read peer credentials: {e}"
+                    );
+                    continue;
+                }
+            };
+            if let Err(why) = self.policy.admit(&peer) {
                 tracing::warn!(
                     peer_uid = peer.uid,
                     peer_pid = peer.pid,
                     "claims API connection refused: {why}"
                 );
-                tokio::spawn(answer_refused(stream, why));
+                self.refuse(stream, ttrpc::Code::PERMISSION_DENIED, why);
+                continue;
             }
+            let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+                let why = format!(
+                    "{} connections are open, the most it serves at once (claims_api.max_connections); close idle connections or retry shortly",
+                    self.cap
+                );
+                tracing::warn!(
+                    peer_uid = peer.uid,
+                    peer_pid = peer.pid,
+                    "claims API connection refused: {why}"
+                );
+                self.refuse(stream, ttrpc::Code::RESOURCE_EXHAUSTED, why);
+                continue;
+            };
+            let guard = FrameGuard::new(stream, peer, self.max_frame).holding(slot);
+            return match self.idle_timeout {
+                Some(after) => guard.close_when_idle(after),
+                None => guard,
+            };
+        }
+    }
+
+    /// Answers a refused connection's first request with `code` and `why`, unless too many
+    /// refusals are being answered already: then it is closed at once, so refused peers never
+    /// hold more than [`REFUSALS_ANSWERED`] descriptors.
+    fn refuse(&self, stream: UnixStream, code: ttrpc::Code, why: String) {
+        if let Ok(permit) = Arc::clone(&self.refusals).try_acquire_owned() {
+            tokio::spawn(async move {
+                answer_refused(stream, code, why).await;
+                drop(permit);
+            });
         }
     }
 }
@@ -252,10 +363,10 @@ const REFUSED_REQUEST_MAX: usize = 64 * 1024;
 /// How long a refused peer has to send its request.
 const REFUSED_WAIT: Duration = Duration::from_secs(5);
 
-/// Tells a refused peer why, instead of only closing: its first request is answered with status
-/// PERMISSION_DENIED and the reason, then the connection is closed. The request is never decoded
+/// Tells a refused peer why, instead of only closing: its first request is answered with `code`
+/// (PERMISSION_DENIED, RESOURCE_EXHAUSTED) and the reason, then the connection is closed. The request is never decoded
 /// or served; anything that is not a small request frame just closes the connection.
-async fn answer_refused(mut stream: UnixStream, why: String) {
+async fn answer_refused(mut stream: UnixStream, code: ttrpc::Code, why: String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let header = ttrpc::MessageHeader::read_from(&mut stream).await.ok()?;
@@ -267,7 +378,7 @@ async fn answer_refused(mut stream: UnixStream, why: String) {
         stream.read_exact(&mut body).await.ok()?;
         let mut answer = ttrpc::Response::new();
         answer.set_status(ttrpc::get_status(
-            ttrpc::Code::PERMISSION_DENIED,
+            code,
             format!("nri-accel refused this connection: {why}"),
         ));
         let bytes = protobuf::Message::write_to_bytes(&answer).ok()?;
@@ -277,4 +388,18 @@ async fn answer_refused(mut stream: UnixStream, why: String) {
         stream.shutdown().await.ok()
     };
     let _ = tokio::time::timeout(REFUSED_WAIT, exchange).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::group_dir_mode;
+
+    #[test]
+    fn a_group_may_enter_the_socket_dir_and_never_write_in_it() {
+        assert_eq!(group_dir_mode(0o40750), 0o750);
+        assert_eq!(group_dir_mode(0o40700), 0o750);
+        assert_eq!(group_dir_mode(0o40755), 0o755);
+        assert_eq!(group_dir_mode(0o40777), 0o755);
+        assert_eq!(group_dir_mode(0o40770), 0o750);
+    }
 }

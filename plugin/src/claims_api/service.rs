@@ -226,6 +226,20 @@ impl MethodHandler for SizeLimited {
             resp.set_status(e.to_status());
             return Ok(resp);
         }
+        // rust-protobuf alone would take a nested message cut short for a shorter one (a count
+        // ask without its device selector): the payload is checked strictly first.
+        if let Some(descriptor) = request_descriptor(&self.method)
+            && let Err(e) = nri_proto::strict::check(&req.payload, &descriptor)
+        {
+            let e = ClaimsApiError::Undecodable {
+                method: self.method.clone(),
+                reason: e.to_string(),
+            };
+            tracing::warn!("{e}");
+            let mut resp = ttrpc::Response::new();
+            resp.set_status(e.to_status());
+            return Ok(resp);
+        }
         // Generated handlers turn the service's errors into statuses themselves; an `Err` here
         // means the payload did not decode (or the answer did not encode). Map it here, not to
         // ttrpc's catch-all UNKNOWN.
@@ -243,6 +257,18 @@ impl MethodHandler for SizeLimited {
             }
         }
     }
+}
+
+/// The request message of a method path (`/<service>/<method>`, as the table keys it).
+fn request_descriptor(method: &str) -> Option<protobuf::reflect::MessageDescriptor> {
+    use protobuf::MessageFull;
+    Some(match method.rsplit('/').next()? {
+        "Prepare" => pb::PrepareRequest::descriptor(),
+        "Unprepare" => pb::UnprepareRequest::descriptor(),
+        "List" => pb::ListRequest::descriptor(),
+        "Status" => pb::StatusRequest::descriptor(),
+        _ => return None,
+    })
 }
 
 /// The ttrpc service table for `engine`, with every method behind the message size limit.
@@ -269,4 +295,77 @@ pub(crate) fn services<S: ClaimService>(
             .collect();
     }
     table
+}
+
+#[cfg(test)]
+mod tests {
+    use protobuf::Message;
+
+    use super::*;
+
+    /// A Prepare of one count ask whose selector names the devices, and the offset in its
+    /// encoding where the selector's `device_ids` start.
+    fn count_ask_with_selector() -> (Vec<u8>, usize) {
+        let selector = pb::Selector {
+            vendor: "nvidia".into(),
+            device_ids: vec!["gpus-gpu3".into()],
+            ..Default::default()
+        };
+        let mut request = pb::CountRequest {
+            request: "gpu".into(),
+            count: 1,
+            ..Default::default()
+        };
+        request.selector = protobuf::MessageField::some(selector);
+        let mut count = pb::CountRequests::new();
+        count.requests.push(request);
+        let mut claim = pb::Claim {
+            uid: "uid-1".into(),
+            ..Default::default()
+        };
+        claim.set_count(count);
+        let mut prepare = pb::PrepareRequest::new();
+        prepare.claims.push(claim);
+        let bytes = prepare.write_to_bytes().unwrap();
+        let at = bytes
+            .windows(9)
+            .position(|w| w == b"gpus-gpu3")
+            .expect("the device id is in the encoding")
+            - 2; // its tag and length
+        (bytes, at)
+    }
+
+    #[test]
+    fn a_prepare_cut_inside_the_selector_is_refused_not_read_without_it() {
+        let (bytes, at) = count_ask_with_selector();
+        let cut = &bytes[..at];
+        // What rust-protobuf alone makes of it: the same ask without the device ids.
+        let lenient = pb::PrepareRequest::parse_from_bytes(cut).expect("rust-protobuf accepts it");
+        let pb::claim::Ask::Count(count) = lenient.claims[0].ask.clone().unwrap() else {
+            panic!("a count ask")
+        };
+        assert!(count.requests[0].selector.device_ids.is_empty());
+        // The strict check refuses it, naming where.
+        let descriptor = request_descriptor("/nriaccel.claims.v1.Claims/Prepare").unwrap();
+        let err = nri_proto::strict::check(cut, &descriptor).unwrap_err();
+        assert!(err.to_string().contains("only"), "{err}");
+        // Every cut inside the claim is refused; the whole request passes.
+        for end in 3..bytes.len() {
+            assert!(
+                nri_proto::strict::check(&bytes[..end], &descriptor).is_err(),
+                "cut at {end} of {}",
+                bytes.len()
+            );
+        }
+        nri_proto::strict::check(&bytes, &descriptor).unwrap();
+    }
+
+    #[test]
+    fn a_field_with_the_wrong_wire_type_is_refused() {
+        let descriptor = request_descriptor("Prepare").unwrap();
+        // Field 1 (claims, a message) sent as a varint.
+        let err = nri_proto::strict::check(&[0x08, 0x01], &descriptor).unwrap_err();
+        assert!(err.to_string().contains("claims (1)"), "{err}");
+        assert!(pb::PrepareRequest::parse_from_bytes(&[0x08, 0x01]).is_ok());
+    }
 }

@@ -7,7 +7,7 @@ pub const MAX_NAME_LEN: usize = 253;
 /// Most characters of a bad value echoed back in an error.
 const ECHO_LEN: usize = 64;
 
-/// Size and count limits of the claims API.
+/// Size, count and connection limits of the claims API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Largest request payload accepted, in bytes (clamped to ttrpc's 4 MiB frame limit).
@@ -16,6 +16,10 @@ pub struct Limits {
     pub max_claims: usize,
     /// Most allocation results or count requests in one claim.
     pub max_results_per_claim: usize,
+    /// Most connections served at once; more are refused with RESOURCE_EXHAUSTED.
+    pub max_connections: usize,
+    /// A connection silent this long with no call in flight is closed; `None`: never.
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl Default for Limits {
@@ -24,6 +28,8 @@ impl Default for Limits {
             max_message_bytes: 1 << 20,
             max_claims: 1024,
             max_results_per_claim: 256,
+            max_connections: 128,
+            idle_timeout: Some(std::time::Duration::from_secs(300)),
         }
     }
 }

@@ -20,6 +20,10 @@ use policies::Registry;
 use super::{Cli, Command};
 use crate::logging::LogSettings;
 
+/// Threads of the daemon's blocking pool. A commit's waiters share one leader's write (group
+/// commit), so a few threads keep the disk busy; more only cost memory.
+const MAX_BLOCKING_THREADS: usize = 8;
+
 /// The version `--version` prints for a build with these policies: the crate version, and the
 /// policies beyond the built-ins when there are any, so an operator can tell a custom build from
 /// the stock one (`nri-accel 0.1.0 (extra policies: spread)`).
@@ -79,8 +83,13 @@ pub fn main_with(registry: Registry) -> ExitCode {
     let runtime = match cli.command {
         // The daemon and the demo serve sockets: two workers. The one-shot commands run on the
         // calling thread, so nothing of theirs is still running when the process exits.
+        // Blocking file work (commits, spec writes) runs on a bounded pool: a burst of callers
+        // queues there instead of starting a thread each (200 clients made 372 threads and
+        // doubled the RSS; docs/performance.md, "Connection bursts").
         Command::Run | Command::Demo { .. } => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .max_blocking_threads(MAX_BLOCKING_THREADS)
+            .thread_keep_alive(std::time::Duration::from_secs(2))
             .enable_all()
             .build(),
         _ => tokio::runtime::Builder::new_current_thread()

@@ -122,6 +122,10 @@ pub struct ClaimsApiConfig {
     pub group: Option<String>,
     /// Largest request accepted, in bytes.
     pub max_message_bytes: u32,
+    /// Most connections served at once; more are refused (RESOURCE_EXHAUSTED).
+    pub max_connections: u32,
+    /// A connection silent this long with no call in flight is closed; 0: never.
+    pub idle_timeout_seconds: u32,
 }
 
 impl Default for ClaimsApiConfig {
@@ -130,6 +134,8 @@ impl Default for ClaimsApiConfig {
             socket: PathBuf::from("/run/nri-accel/claims.sock"),
             group: None,
             max_message_bytes: 1024 * 1024,
+            max_connections: 128,
+            idle_timeout_seconds: 300,
         }
     }
 }
@@ -274,6 +280,12 @@ pub enum LogFormat {
     Json,
 }
 
+/// The default cap on the connections of one kubelet-facing socket (`max_connections`).
+pub const DEFAULT_KUBELET_MAX_CONNECTIONS: usize = 64;
+
+/// The default idle timeout of a kubelet connection (`idle_timeout_secs`).
+pub const DEFAULT_KUBELET_IDLE_TIMEOUT_SECS: u64 = 300;
+
 /// The Kubernetes DRA driver: the ResourceSlices it publishes (docs/dra.md) and the kubelet
 /// plugin (registration, DRA and health services; docs/dra-kubelet.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -289,6 +301,10 @@ pub struct DraConfig {
     pub plugins_registry_dir: PathBuf,
     /// The kubelet's plugins directory: the DRA socket is `<driver_name>/dra.sock` under it.
     pub plugins_dir: PathBuf,
+    /// Connections each of the two kubelet sockets holds at once; more are closed on accept.
+    pub max_connections: usize,
+    /// Seconds a kubelet connection with no call open is kept; 0 keeps it.
+    pub idle_timeout_secs: u64,
 }
 
 impl Default for DraConfig {
@@ -298,6 +314,8 @@ impl Default for DraConfig {
             driver_name: "accel.nri.io".to_string(),
             plugins_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
             plugins_dir: PathBuf::from("/var/lib/kubelet/plugins"),
+            max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
+            idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
         }
     }
 }
@@ -326,6 +344,11 @@ pub struct DevicePluginConfig {
     /// Seconds an allocation that no container has used yet keeps its devices when the kubelet
     /// hands them to another container; after that it is released first.
     pub unused_grace_secs: u64,
+    /// Connections each plugin socket holds at once; more are closed on accept.
+    pub max_connections: usize,
+    /// Seconds a kubelet connection with no call open (no ListAndWatch either) is kept; 0
+    /// keeps it.
+    pub idle_timeout_secs: u64,
 }
 
 impl Default for DevicePluginConfig {
@@ -338,6 +361,8 @@ impl Default for DevicePluginConfig {
             slice_layouts: BTreeMap::new(),
             device_nodes: false,
             unused_grace_secs: 60,
+            max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
+            idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
         }
     }
 }

@@ -26,6 +26,9 @@ fn fail(path: Vec<Step>, message: impl Into<String>) -> Checked {
 
 use Step::{Index, Key};
 
+/// Largest accepted `claims_api.max_connections`.
+const MAX_CONNECTIONS: u32 = 65_536;
+
 /// Largest accepted `claims_api.max_message_bytes`.
 const MAX_MESSAGE_LIMIT: u32 = 64 * 1024 * 1024;
 
@@ -68,6 +71,13 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
         fail(
             vec![Key("claims_api"), Key("max_message_bytes")],
             format!("max_message_bytes {max} must be between 4096 and {MAX_MESSAGE_LIMIT}"),
+        )?;
+    }
+    let conns = cfg.claims_api.max_connections;
+    if !(1..=MAX_CONNECTIONS).contains(&conns) {
+        fail(
+            vec![Key("claims_api"), Key("max_connections")],
+            format!("max_connections {conns} must be between 1 and {MAX_CONNECTIONS}"),
         )?;
     }
     absolute(&cfg.cdi.dir, vec![Key("cdi"), Key("dir")])?;
@@ -122,6 +132,12 @@ fn dra(cfg: &Config) -> Checked {
         vec![Key("dra"), Key("plugins_registry_dir")],
     )?;
     absolute(&cfg.dra.plugins_dir, vec![Key("dra"), Key("plugins_dir")])?;
+    if cfg.dra.max_connections == 0 {
+        fail(
+            vec![Key("dra"), Key("max_connections")],
+            "max_connections must be at least 1: the kubelet needs a connection to each socket",
+        )?;
+    }
     let node = &cfg.kubernetes.node_name;
     if !node.is_empty() && !crate::kube::names::is_dns_subdomain(node) {
         fail(

@@ -48,6 +48,12 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             ),
         )?;
     }
+    if dp.max_connections == 0 {
+        fail(
+            at(&[Key("max_connections")]),
+            "max_connections must be at least 1: the kubelet needs a connection to each plugin socket",
+        )?;
+    }
     if !dp.dir.is_absolute() {
         fail(
             at(&[Key("dir")]),

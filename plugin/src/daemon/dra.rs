@@ -77,13 +77,14 @@ pub fn start(config: &Config, agent: &Agent, parts: DraParts) -> Result<DraDrive
         parts.source,
     );
     let health = HealthService::new(parts.health, &published, &node, REFRESH);
-    let driver = DraDriver::start(
+    let driver = DraDriver::start_with_limits(
         DraDriverConfig {
             driver: config.dra.driver_name.clone(),
             registry_dir: config.dra.plugins_registry_dir.clone(),
             plugins_dir: config.dra.plugins_dir.clone(),
             watch_every: WATCH_EVERY,
         },
+        crate::kubelet::ConnLimits::of_dra(&config.dra),
         dra,
         health,
     )?;

@@ -201,10 +201,8 @@ impl Daemon {
             Some(b) => b.clone(),
             None => ProcBootId::new().boot_id().map_err(DaemonError::BootId)?,
         };
-        let (checkpoint, _) = state_dir
-            .child(CHECKPOINT_DIR, Some(0o700))
-            .map_err(|e| DaemonError::StateDir(e.to_string()))?;
-        let journal = Checkpoint::load_in(checkpoint, &boot_id)?;
+        // A missing checkpoint dir is created by the open, after the start's checks passed.
+        let journal = Checkpoint::load_child(&state_dir, CHECKPOINT_DIR, &boot_id)?;
         let specs = cdi::SpecStore::open(store_config(&config.cdi))?;
         let (engine, report) = Engine::start(node, journal, specs, opts.crash)?;
         tracing::info!(
@@ -250,6 +248,9 @@ impl Daemon {
             policy: Arc::new(DefaultPeerPolicy::for_daemon(group)),
             limits: Limits {
                 max_message_bytes: config.claims_api.max_message_bytes as usize,
+                max_connections: config.claims_api.max_connections as usize,
+                idle_timeout: (config.claims_api.idle_timeout_seconds > 0)
+                    .then(|| Duration::from_secs(config.claims_api.idle_timeout_seconds.into())),
                 ..Limits::default()
             },
         };
@@ -313,7 +314,7 @@ impl Daemon {
                 loop {
                     tick.tick().await;
                     match e.reconcile().await {
-                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = %p.roll_back.join(","), orphans_removed = %p.remove_specs.join(","), "periodic reconciliation repaired state"),
+                        Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = %p.roll_back.join(","), orphans_removed = %p.remove_specs.join(","), "periodic reconciliation rolled back {} half-prepared claim(s) (a record without a spec) and removed {} orphan spec(s) (a spec without a record): a crash or a failed write had left them", p.roll_back.len(), p.remove_specs.len()),
                         Ok(_) => {}
                         Err(err) => tracing::error!(error = %err, "periodic reconciliation failed"),
                     }

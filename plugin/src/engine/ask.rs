@@ -97,6 +97,7 @@ pub fn describe(ask: &Ask) -> String {
                     if let Some(n) = r.shares {
                         s.push_str(&format!(" ({n} shares each)"));
                     }
+                    s.push_str(&describe_selector(&r.selector));
                     s
                 })
                 .collect();
@@ -109,6 +110,40 @@ pub fn describe(ask: &Ask) -> String {
                 .collect();
             format!("the units {}", parts.join(", "))
         }
+    }
+}
+
+/// A count request's selector for messages: ` on any device`, or ` on devices with vendor
+/// nvidia, model H100, ids gpu0 gpu1`, so two asks that differ only there read differently.
+fn describe_selector(sel: &policies::DeviceSelector) -> String {
+    let mut parts = Vec::new();
+    if let Some(v) = &sel.vendor {
+        parts.push(format!("vendor {v}"));
+    }
+    if let Some(m) = &sel.model {
+        parts.push(format!("model {m}"));
+    }
+    if let Some(p) = &sel.pci_id {
+        parts.push(format!("PCI id {p}"));
+    }
+    if !sel.ids.is_empty() {
+        parts.push(format!("ids {}", sel.ids.join(" ")));
+    }
+    if parts.is_empty() {
+        " on any device".to_owned()
+    } else {
+        format!(" on devices with {}", parts.join(", "))
+    }
+}
+
+/// What a prepared claim holds, for messages: the ask its record keeps when that is a count
+/// ask (with its selector) and the devices it was granted.
+pub fn describe_holding(recorded: Option<&Ask>, allocation: &Allocation) -> String {
+    match recorded {
+        Some(ask @ Ask::Count(_)) => {
+            format!("{} (granted {})", describe(ask), describe_held(allocation))
+        }
+        _ => describe_held(allocation),
     }
 }
 
@@ -222,5 +257,38 @@ mod tests {
         assert_eq!(to_keep(None, &a), None);
         assert!(describe(&count(2)).contains("2 any units in request gpu"));
         assert!(describe(&named("gpus-gpu1")).contains("gpus-gpu1 (pool gpus"));
+    }
+
+    #[test]
+    fn asks_that_differ_only_in_their_selector_read_differently() {
+        let with = |ids: &[&str]| {
+            Ask::Count(vec![CountRequest {
+                request: "gpu".into(),
+                count: 1,
+                selector: policies::DeviceSelector {
+                    vendor: Some("nvidia".into()),
+                    ids: ids.iter().map(|s| s.to_string()).collect(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }])
+        };
+        let held = with(&["gpu3"]);
+        let asked = with(&["gpu2"]);
+        let holds = describe_holding(Some(&held), &allocation("gpus-gpu3"));
+        let asks = describe(&asked);
+        assert_ne!(holds, asks);
+        assert!(
+            holds.contains("on devices with vendor nvidia, ids gpu3")
+                && holds.contains("granted gpus-gpu3 (pool gpus)"),
+            "{holds}"
+        );
+        assert!(asks.contains("ids gpu2"), "{asks}");
+        assert!(describe(&count(1)).ends_with("on any device"));
+        // A named ask's record: the devices granted.
+        assert_eq!(
+            describe_holding(Some(&Ask::Named(Vec::new())), &allocation("gpus-gpu0")),
+            "gpus-gpu0 (pool gpus)"
+        );
     }
 }

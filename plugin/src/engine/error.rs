@@ -2,6 +2,36 @@
 
 use super::CrashPoint;
 
+/// What a failed claim operation means for the claim and what to do, ending its error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then {
+    /// Nothing to add (startup, reconciliation: the claim's state is told elsewhere).
+    Unsaid,
+    /// A Prepare granted nothing: no spec, no record, no units held.
+    NotGranted,
+    /// A repeated Prepare failed; the earlier grant stands.
+    KeptAsBefore,
+    /// An Unprepare did not finish.
+    NotReleased,
+}
+
+impl std::fmt::Display for Then {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Then::Unsaid => "",
+            Then::NotGranted => NOT_GRANTED,
+            Then::KeptAsBefore => "; the claim stays prepared as it was before this Prepare",
+            Then::NotReleased => NOT_RELEASED,
+        })
+    }
+}
+
+/// Ends the error of a Prepare that granted nothing (no spec, no record, no units held).
+pub const NOT_GRANTED: &str = "; nothing was granted: retry the Prepare once the cause is fixed";
+
+/// Ends the error of an Unprepare that did not finish.
+pub const NOT_RELEASED: &str = "; the Unprepare did not finish and the claim may still hold its devices: retry the Unprepare (it is idempotent) until it succeeds";
+
 /// Why a claim operation or the engine's startup failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -28,21 +58,23 @@ pub enum EngineError {
         containers: String,
     },
     /// The checkpoint could not be written or read.
-    #[error(
-        "claim {claim}: checkpoint: {source}; nothing was granted, retry once the state dir is writable"
-    )]
+    #[error("claim {claim}: checkpoint: {source}{then}")]
     Checkpoint {
         /// Claim being worked on (or `startup`).
         claim: String,
+        /// What the failure means for the claim and what to do.
+        then: Then,
         /// The underlying error (names the file).
         #[source]
         source: crate::checkpoint::CheckpointError,
     },
     /// The CDI spec could not be written, read or removed.
-    #[error("claim {claim}: CDI spec: {source}")]
+    #[error("claim {claim}: CDI spec: {source}{then}")]
     Spec {
         /// Claim being worked on.
         claim: String,
+        /// What the failure means for the claim, as for `Checkpoint`.
+        then: Then,
         /// The underlying error (names the file).
         #[source]
         source: cdi::CdiError,

@@ -36,11 +36,11 @@ use serde::Serialize;
 
 use crate::checkpoint::{Change, Checkpoint, CheckpointOptions, Loaded};
 
-pub use ask::{ResultRef, check_results, describe, describe_held, same_ask};
+pub use ask::{ResultRef, check_results, describe, describe_held, describe_holding, same_ask};
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
-pub use error::EngineError;
+pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, Then};
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{ClaimRecord, DevicePluginOrigin, DevicePluginUser, Origin, PendingUpdate};
@@ -123,6 +123,7 @@ pub struct Engine {
 /// anything is written: the plan, or the refusal when a spec proves a lost commit.
 pub fn startup_plan(loaded: &LoadedJournal, specs: &cdi::SpecStore) -> Result<Plan, EngineError> {
     let listed = specs.list_stamped().map_err(|source| EngineError::Spec {
+        then: Then::Unsaid,
         claim: "startup".into(),
         source,
     })?;
@@ -208,6 +209,7 @@ impl Engine {
             loaded
                 .open(options)
                 .map_err(|source| EngineError::Checkpoint {
+                    then: Then::Unsaid,
                     claim: "startup".into(),
                     source,
                 })?;
@@ -221,6 +223,7 @@ impl Engine {
             journal
                 .commit(changes)
                 .map_err(|source| EngineError::Checkpoint {
+                    then: Then::Unsaid,
                     claim: "startup".into(),
                     source,
                 })?;
@@ -230,6 +233,7 @@ impl Engine {
         }
         for uid in &plan.remove_specs {
             specs.remove(uid).map_err(|source| EngineError::Spec {
+                then: Then::Unsaid,
                 claim: uid.clone(),
                 source,
             })?;
@@ -363,7 +367,7 @@ impl Engine {
         {
             return Err(EngineError::AskChanged {
                 claim: uid.to_string(),
-                holds: ask::describe_held(&held.allocation),
+                holds: ask::describe_holding(held.ask.as_ref(), &held.allocation),
                 asked: ask::describe(asked),
             });
         }
@@ -442,32 +446,28 @@ impl Engine {
                 .unwrap_or(0),
             boot_id: self.journal.boot_id().to_string(),
         };
+        let edits_len = edits.len();
         let specs = self.specs.clone();
         let id = uid.to_string();
-        let written = blocking(uid, move || {
-            if already && specs.exists(&id)? {
-                specs.device_ids(&id, edits.len())
-            } else {
-                specs.write_stamped(&id, &stamp, &edits)
-            }
+        // (whether this call writes the spec, what it answered)
+        let written = blocking(uid, move || match already.then(|| specs.exists(&id)) {
+            Some(Ok(true)) => (false, specs.device_ids(&id, edits.len())),
+            Some(Err(e)) => (false, Err(e)),
+            _ => (true, specs.write_stamped(&id, &stamp, &edits)),
         })
         .await;
         let ids = match written {
-            Ok(Ok(ids)) => ids,
-            Ok(Err(source)) => {
-                let specs = self.specs.clone();
-                let id = uid.to_string();
-                let has_spec = blocking(uid, move || specs.exists(&id)).await;
-                if matches!(has_spec, Ok(ref r) if spec_absent(r))
-                    && let Err(e) = self.roll_back(uid).await
-                {
-                    tracing::error!(claim = %uid, error = %e, "rollback after a failed spec write failed; the periodic reconciliation will retry");
+            Ok((_, Ok(ids))) => ids,
+            Ok((wrote, Err(source))) => match self.undo_grant(uid, wrote, edits_len).await {
+                Ok(ids) => ids,
+                Err(then) => {
+                    return Err(EngineError::Spec {
+                        then,
+                        claim: uid.to_string(),
+                        source,
+                    });
                 }
-                return Err(EngineError::Spec {
-                    claim: uid.to_string(),
-                    source,
-                });
-            }
+            },
             Err(e) => return Err(self.crash_or(e)),
         };
         let devices = allocation
@@ -486,6 +486,46 @@ impl Engine {
             devices,
             already,
         })
+    }
+
+    /// After a spec write of a claim failed: an error answer must mean nothing was granted
+    /// (docs/claims-api.md), so a spec this call put in place before a later step failed (the
+    /// directory sync) is removed, and a claim left without a spec is rolled back. `Err` ends
+    /// the error answer: [`Then::NotGranted`] once the claim has no spec. `Ok(ids)`: the spec this
+    /// call wrote could not be removed, so the grant stands and the answer is success. A spec
+    /// the claim had before this call (a repeat) is never touched: containers may use it.
+    async fn undo_grant(
+        &self,
+        uid: &str,
+        wrote: bool,
+        results: usize,
+    ) -> Result<Vec<String>, Then> {
+        let specs = self.specs.clone();
+        let id = uid.to_string();
+        let left = blocking(uid, move || {
+            if wrote
+                && specs.exists(&id).unwrap_or(true)
+                && let Err(e) = specs.remove(&id)
+            {
+                tracing::warn!(claim = %id, error = %e, "removing the spec of a failed prepare");
+            }
+            (specs.exists(&id), specs.device_ids(&id, results))
+        })
+        .await;
+        match left {
+            Ok((r, _)) if spec_absent(&r) => {
+                if let Err(e) = self.roll_back(uid).await {
+                    tracing::error!(claim = %uid, error = %e, "rolling back a prepare that failed: the claim has no spec, so nothing is granted; its record goes at the next start or reconciliation");
+                }
+                Err(Then::NotGranted)
+            }
+            Ok((Ok(true), Ok(ids))) if wrote => {
+                tracing::error!(claim = %uid, "the spec of this prepare could be neither synced nor removed; it is in place, so the claim is answered as prepared");
+                Ok(ids)
+            }
+            Ok((Ok(true), _)) => Err(Then::KeptAsBefore),
+            _ => Err(Then::Unsaid),
+        }
     }
 
     /// A blocking task that panicked on an injected crash is that crash.
@@ -518,6 +558,7 @@ impl Engine {
     /// durable that depends on a release that is not.
     async fn release_committed(&self, uid: &str) -> Result<Vec<ContainerUpdate>, EngineError> {
         let checkpoint_error = |source| EngineError::Checkpoint {
+            then: Then::NotReleased,
             claim: uid.to_string(),
             source,
         };
@@ -598,6 +639,7 @@ impl Engine {
         match blocking(uid, move || specs.remove(&id)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(source)) => Err(EngineError::Spec {
+                then: Then::NotReleased,
                 claim: uid.to_string(),
                 source,
             }),
@@ -614,6 +656,7 @@ impl Engine {
         match blocking(uid, move || journal.commit(changes)).await? {
             Ok(seq) => Ok(seq),
             Err(source) => Err(EngineError::Checkpoint {
+                then: Then::NotGranted,
                 claim: uid.to_string(),
                 source,
             }),
@@ -734,6 +777,7 @@ impl Engine {
         let spec_uids = blocking("reconcile", move || specs.list())
             .await?
             .map_err(|source| EngineError::Spec {
+                then: Then::Unsaid,
                 claim: "reconcile".into(),
                 source,
             })?;
@@ -761,6 +805,7 @@ impl Engine {
                 blocking(&uid, move || specs.stamp(&id))
                     .await?
                     .map_err(|source| EngineError::Spec {
+                        then: Then::Unsaid,
                         claim: uid.clone(),
                         source,
                     })?
@@ -799,12 +844,20 @@ impl Engine {
         }
         for uid in rough.remove_specs {
             let _claim = self.claims.lock(&uid).await;
-            if self.state().node.allocation(&uid).is_none() {
+            // An Unprepare that held the lock while the specs were listed has removed the spec
+            // itself by now: that is no orphan, and nothing is repaired.
+            let specs = self.specs.clone();
+            let id = uid.clone();
+            let still_there = blocking(&uid, move || specs.exists(&id))
+                .await?
+                .unwrap_or(true);
+            if still_there && self.state().node.allocation(&uid).is_none() {
                 let specs = self.specs.clone();
                 let id = uid.clone();
                 blocking(&uid, move || specs.remove(&id))
                     .await?
                     .map_err(|source| EngineError::Spec {
+                        then: Then::Unsaid,
                         claim: uid.clone(),
                         source,
                     })?;

@@ -17,10 +17,10 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tonic::transport::Server;
 
 use super::{
-    DraService, HealthService, KubeletError, RegistrationService, RegistrationState, ServedSocket,
+    ConnLimits, DraService, HealthService, KubeletError, RegistrationService, RegistrationState,
+    ServedSocket,
 };
 
 /// How often the sockets are checked by default.
@@ -80,29 +80,42 @@ struct Services {
     dra: DraService,
     health: HealthService,
     registration: RegistrationService,
+    limits: ConnLimits,
 }
 
 impl Services {
     fn serve_endpoint(&self, path: &Path) -> Result<ServedSocket, KubeletError> {
-        let router = Server::builder()
+        let router = super::conn::server()
             .add_service(self.dra.v1_server())
             .add_service(self.dra.v1beta1_server())
             .add_service(self.health.v1_server())
             .add_service(self.health.v1alpha1_server());
-        ServedSocket::serve(path, router)
+        ServedSocket::serve(path, router, self.limits)
     }
 
     fn serve_registration(&self, path: &Path) -> Result<ServedSocket, KubeletError> {
         self.registration.reset();
-        let router = Server::builder().add_service(self.registration.clone().into_server());
-        ServedSocket::serve(path, router)
+        let router = super::conn::server().add_service(self.registration.clone().into_server());
+        ServedSocket::serve(path, router, self.limits)
     }
 }
 
 impl DraDriver {
-    /// Serves both sockets and keeps them served until [`DraDriver::shutdown`].
+    /// Serves both sockets with the default [`ConnLimits`] and keeps them served until
+    /// [`DraDriver::shutdown`].
     pub fn start(
         config: DraDriverConfig,
+        dra: DraService,
+        health: HealthService,
+    ) -> Result<DraDriver, KubeletError> {
+        Self::start_with_limits(config, ConnLimits::default(), dra, health)
+    }
+
+    /// Serves both sockets, each with `limits` on its connections, and keeps them served until
+    /// [`DraDriver::shutdown`].
+    pub fn start_with_limits(
+        config: DraDriverConfig,
+        limits: ConnLimits,
         dra: DraService,
         health: HealthService,
     ) -> Result<DraDriver, KubeletError> {
@@ -123,6 +136,7 @@ impl DraDriver {
             dra,
             health,
             registration,
+            limits,
         };
         let served = services.serve_endpoint(&endpoint)?;
         let registered = services.serve_registration(&registration_path)?;

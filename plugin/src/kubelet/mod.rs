@@ -8,6 +8,7 @@
 //! kubelet's own socket. [`DraDriver`] keeps the DRA driver's two sockets served.
 
 mod channel;
+pub mod conn;
 pub mod device_plugin;
 mod dra;
 mod driver;
@@ -17,6 +18,7 @@ mod registration;
 mod socket;
 
 pub use channel::dial;
+pub use conn::ConnLimits;
 pub use dra::{
     ClaimSource, DraCallError, DraService, DraSettings, DraV1, DraV1beta1, MAX_CLAIMS,
     MAX_MESSAGE_BYTES, MAX_RESULTS, PreparedClaims, SOURCE_TIMEOUT, UnpreparedClaims,

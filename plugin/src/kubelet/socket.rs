@@ -15,10 +15,10 @@ use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::Router;
 
 use super::KubeletError;
+use super::conn::{self, ConnCount, ConnLimits};
 
 /// How long a shutdown waits for calls in flight before it stops the server anyway.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -31,6 +31,7 @@ pub struct ServedSocket {
     identity: (u64, u64),
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
+    connections: ConnCount,
 }
 
 /// Creates the socket's parent directory and clears a stale socket at `path`; refuses a socket
@@ -74,8 +75,14 @@ pub fn prepare_socket_path(path: &Path) -> Result<(), KubeletError> {
 
 impl ServedSocket {
     /// Binds `path` (mode 0600: only root, which the kubelet runs as, may connect) and serves
-    /// `router` on it in a task.
-    pub fn serve(path: &Path, router: Router) -> Result<ServedSocket, KubeletError> {
+    /// `router` on it in a task, every connection through the kubelet adapter
+    /// ([`super::conn`]: any `:authority` accepted, at most `limits.max_connections` at once,
+    /// idle ones closed).
+    pub fn serve(
+        path: &Path,
+        router: Router,
+        limits: ConnLimits,
+    ) -> Result<ServedSocket, KubeletError> {
         prepare_socket_path(path)?;
         let bind_err = |source| KubeletError::Bind {
             path: path.to_path_buf(),
@@ -86,8 +93,9 @@ impl ServedSocket {
         let meta = std::fs::symlink_metadata(path).map_err(bind_err)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let shown = path.display().to_string();
+        let connections = ConnCount::default();
+        let incoming = conn::incoming(listener, shown.as_str().into(), limits, connections.clone());
         let task = tokio::spawn(async move {
-            let incoming = UnixListenerStream::new(listener);
             let signal = async {
                 let _ = stopped.await;
             };
@@ -100,7 +108,13 @@ impl ServedSocket {
             identity: (meta.dev(), meta.ino()),
             stop: Some(stop),
             task: Some(task),
+            connections,
         })
+    }
+
+    /// How many connections are open now.
+    pub fn connections(&self) -> usize {
+        self.connections.get()
     }
 
     /// The socket path.

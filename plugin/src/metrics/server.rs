@@ -25,6 +25,9 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 const MAX_CONNECTIONS: usize = 16;
 /// A client has this long to send its request headers (a stuck client cannot pin a slot).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection (one request: no keep-alive) is closed after this long whatever it does, so
+/// a client that stops reading its answer cannot pin a slot either.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the metrics server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -123,8 +126,14 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, health: Healt
                 .header_read_timeout(HEADER_TIMEOUT)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(err) = conn.await {
-                tracing::debug!(%peer, error = %err, "metrics server: connection ended with an error");
+            match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => {
+                    tracing::debug!(%peer, error = %err, "metrics server: connection ended with an error");
+                }
+                Err(_) => {
+                    tracing::info!(%peer, "metrics server: closed a connection still open after {}s (a client that stopped reading)", CONNECTION_TIMEOUT.as_secs());
+                }
             }
         });
     }

@@ -3,6 +3,8 @@
 //! node publishes, and the simulated kubelet (kube-sim) that registers the plugin and calls it.
 #![allow(dead_code, missing_docs)]
 
+pub mod raw_h2;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

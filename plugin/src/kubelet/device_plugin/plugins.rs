@@ -3,21 +3,26 @@
 //!
 //! A supervisor task serves every resource's socket once the gate is open (before that, the
 //! containers already running have not reached the policy) and registers it through the
-//! kubelet's `kubelet.sock`. It then checks every [`WATCH_EVERY`]: a socket that vanished (the
-//! kubelet wipes the directory when it restarts) is served again, and a `kubelet.sock` that
-//! appeared or was replaced (a restarted kubelet) gets every resource registered again. A failed
-//! registration is retried at the next check and kept for `status`.
+//! kubelet's `kubelet.sock`. It then checks every [`WATCH_EVERY`], and at once when a
+//! ListAndWatch stream ends: a socket that vanished (the kubelet wipes the directory when it
+//! restarts) is served again; a `kubelet.sock` that appeared or was replaced by another inode
+//! gets every resource registered again; and a resource whose ListAndWatch streams all closed
+//! after the kubelet had opened one since the registration is registered again. The last is what
+//! a restarted kubelet cannot hide: the kubelet holds one stream open per registered plugin, its
+//! death closes it, while its new `kubelet.sock` may well get the old inode back (ext4 reuses
+//! them). A failed registration is retried at the next check and kept for `status`.
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use kubelet_proto::deviceplugin as pb;
 use policies::{Ask, Candidate, ClaimRequest, PoolConfig, UnitResult};
 use serde::Serialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::layout::{self, Resource};
@@ -27,7 +32,7 @@ use crate::config::DevicePluginConfig;
 use crate::device_health::HealthMonitor;
 use crate::engine::{DevicePluginOrigin, Engine, Origin};
 use crate::gate::Gate;
-use crate::kubelet::{KubeletError, ServedSocket};
+use crate::kubelet::{ConnLimits, KubeletError, ServedSocket};
 
 /// How often the supervisor checks the sockets and the kubelet's socket.
 pub const WATCH_EVERY: Duration = Duration::from_millis(500);
@@ -70,12 +75,65 @@ pub struct DevicePlugins {
     pub(super) cfg: DevicePluginConfig,
     resources: Vec<Resource>,
     registrations: Vec<watch::Sender<Registration>>,
+    /// The ListAndWatch streams of each resource.
+    listeners: Vec<Listeners>,
+    /// Woken when a ListAndWatch stream ends.
+    stream_ended: Notify,
     /// Bumped after every allocation and release made here, to wake the ListAndWatch streams.
     changed: watch::Sender<u64>,
     /// Allocations are decided one at a time: each looks at the claims the previous one left.
     allocating: tokio::sync::Mutex<()>,
     stop: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The ListAndWatch streams of one resource: how many are open, and how many were ever opened.
+#[derive(Debug, Default)]
+struct Listeners {
+    open: AtomicUsize,
+    opened: AtomicU64,
+}
+
+impl Listeners {
+    /// (open now, opened ever).
+    fn get(&self) -> (usize, u64) {
+        (
+            self.open.load(Ordering::SeqCst),
+            self.opened.load(Ordering::SeqCst),
+        )
+    }
+}
+
+/// Counts one open ListAndWatch stream until dropped.
+struct Listening<'a> {
+    plugins: &'a DevicePlugins,
+    i: usize,
+}
+
+impl<'a> Listening<'a> {
+    fn new(plugins: &'a DevicePlugins, i: usize) -> Listening<'a> {
+        let l = &plugins.listeners[i];
+        l.open.fetch_add(1, Ordering::SeqCst);
+        l.opened.fetch_add(1, Ordering::SeqCst);
+        Listening { plugins, i }
+    }
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.plugins.listeners[self.i]
+            .open
+            .fetch_sub(1, Ordering::SeqCst);
+        self.plugins.stream_ended.notify_one();
+    }
+}
+
+/// Through which `kubelet.sock` a resource is registered, and how many ListAndWatch streams had
+/// been opened for it when it registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Registered {
+    socket: (u64, u64),
+    opened_before: u64,
 }
 
 fn now_secs() -> u64 {
@@ -112,6 +170,7 @@ impl DevicePlugins {
             .iter()
             .map(|_| watch::channel(Registration::WaitingForGate).0)
             .collect();
+        let listeners = resources.iter().map(|_| Listeners::default()).collect();
         let plugins = Arc::new(DevicePlugins {
             engine,
             gate,
@@ -119,6 +178,8 @@ impl DevicePlugins {
             cfg: cfg.clone(),
             resources,
             registrations,
+            listeners,
+            stream_ended: Notify::new(),
             changed: watch::channel(0).0,
             allocating: tokio::sync::Mutex::new(()),
             stop: watch::channel(false).0,
@@ -176,6 +237,7 @@ impl DevicePlugins {
         i: usize,
         tx: mpsc::Sender<Result<pb::ListAndWatchResponse, tonic::Status>>,
     ) {
+        let _listening = Listening::new(self, i);
         let mut health = self.health.subscribe();
         let mut health_live = true;
         let mut changed = self.changed.subscribe();
@@ -377,7 +439,7 @@ async fn supervise(plugins: Arc<DevicePlugins>) {
     let n = plugins.resources.len();
     let mut served: Vec<Option<ServedSocket>> = (0..n).map(|_| None).collect();
     // The kubelet socket each resource is registered through.
-    let mut registered: Vec<Option<(u64, u64)>> = vec![None; n];
+    let mut registered: Vec<Option<Registered>> = vec![None; n];
     loop {
         let kubelet_id = identity(&kubelet);
         for i in 0..n {
@@ -402,15 +464,29 @@ async fn supervise(plugins: Arc<DevicePlugins>) {
                     }
                 }
             }
+            let (open, opened) = plugins.listeners[i].get();
+            if let Some(reg) = registered[i]
+                && open == 0
+                && opened > reg.opened_before
+            {
+                tracing::warn!(resource = %r.name,
+                    "the kubelet closed this resource's ListAndWatch stream (it restarted or dropped the plugin); registering again");
+                registered[i] = None;
+                set_state(&plugins, i, Registration::WaitingForKubelet);
+            }
             match kubelet_id {
                 None => {
                     registered[i] = None;
                     set_state(&plugins, i, Registration::WaitingForKubelet);
                 }
-                Some(id) if registered[i] != Some(id) => {
+                Some(id) if registered[i].map(|r| r.socket) != Some(id) => {
+                    let opened_before = plugins.listeners[i].get().1;
                     match register(&plugins, i, &kubelet).await {
                         Ok(()) => {
-                            registered[i] = Some(id);
+                            registered[i] = Some(Registered {
+                                socket: id,
+                                opened_before,
+                            });
                             tracing::info!(resource = %r.name, socket = %r.socket, "registered with the kubelet");
                             set_state(&plugins, i, Registration::Registered { since: now_secs() });
                         }
@@ -422,6 +498,7 @@ async fn supervise(plugins: Arc<DevicePlugins>) {
         }
         tokio::select! {
             _ = tokio::time::sleep(WATCH_EVERY) => {}
+            _ = plugins.stream_ended.notified() => {}
             _ = stop.wait_for(|s| *s) => break,
         }
     }
@@ -451,8 +528,10 @@ fn serve(
     path: &Path,
 ) -> Result<ServedSocket, KubeletError> {
     let service = super::service::DevicePluginService::new(plugins.clone(), i);
-    let router = tonic::transport::Server::builder().add_service(service.into_server());
-    ServedSocket::serve(path, router)
+    let router = crate::kubelet::conn::server().add_service(service.into_server());
+    let limits =
+        ConnLimits::from_config(plugins.cfg.max_connections, plugins.cfg.idle_timeout_secs);
+    ServedSocket::serve(path, router, limits)
 }
 
 /// Registers resource `i` through the kubelet's socket; the error is one sentence.

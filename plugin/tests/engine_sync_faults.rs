@@ -1,0 +1,108 @@
+//! An I/O error at every sync point of Prepare and Unprepare (issue 27, item 2): an error
+//! answer to a Prepare means nothing was granted, in memory, on disk and after a restart, and
+//! a retried Prepare is a fresh one; an Unprepare answered with an error is retried until it
+//! succeeds, and then nothing is held.
+
+mod engine_common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cdi::SyncPoint;
+use engine_common::*;
+
+/// Where a fault is injected.
+#[derive(Clone, Copy, Debug)]
+enum At {
+    WalAppend,
+    WalSync,
+    Spec(SyncPoint),
+}
+
+/// Injects one I/O error at `at` (every time when `always`).
+fn inject(engine: &nri_accel::engine::Engine, at: At, always: bool) {
+    let fired = Arc::new(AtomicBool::new(false));
+    let fire = move || {
+        (always || !fired.swap(true, Ordering::SeqCst))
+            .then(|| std::io::Error::from_raw_os_error(libc::EIO))
+    };
+    match at {
+        At::WalAppend => engine.checkpoint().set_fault_hook(Some(Arc::new(fire))),
+        At::WalSync => engine
+            .checkpoint()
+            .set_sync_fault_hook(Some(Arc::new(fire))),
+        At::Spec(point) => engine.spec_store().set_fault_hook(Some(Arc::new(move |p| {
+            if p == point { fire() } else { None }
+        }))),
+    }
+}
+
+const PREPARE_POINTS: [At; 4] = [
+    At::WalAppend,
+    At::WalSync,
+    At::Spec(SyncPoint::TempFile),
+    At::Spec(SyncPoint::DirAfterRename),
+];
+
+/// Nothing held in memory, no spec, and after a restart nothing held and a fresh grant on
+/// retry (a record a failed log sync may have left is rolled back by the start: it has no spec).
+async fn assert_nothing_granted(d: &Dirs, engine: nri_accel::engine::Engine, at: At) {
+    assert!(engine.claims().is_empty(), "{at:?}: held in memory");
+    assert!(spec_uids(d).is_empty(), "{at:?}: a spec is left");
+    drop(engine);
+    let engine = open(d);
+    assert!(engine.claims().is_empty(), "{at:?}: held after a restart");
+    assert!(spec_uids(d).is_empty(), "{at:?}: a spec after a restart");
+    let again = engine.prepare(claim_for("c1", "gpu0")).await.unwrap();
+    assert!(!again.already, "{at:?}: the retry must be a fresh prepare");
+    drop(engine);
+    assert_eq!(spec_uids(d), vec!["c1"]);
+    assert_eq!(record_uids(&d.state), vec!["c1"]);
+}
+
+#[tokio::test]
+async fn a_prepare_answered_with_an_error_granted_nothing_at_every_sync_point() {
+    for always in [false, true] {
+        for at in PREPARE_POINTS {
+            let d = dirs();
+            let engine = open(&d);
+            inject(&engine, at, always);
+            let err = engine
+                .prepare(claim_for("c1", "gpu0"))
+                .await
+                .expect_err(&format!("{at:?}"));
+            let text = err.to_string();
+            assert!(text.contains("c1"), "{at:?}: {text}");
+            assert!(text.contains("nothing was granted"), "{at:?}: {text}");
+            assert_nothing_granted(&d, engine, at).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_unprepare_answered_with_an_error_is_retried_until_nothing_is_held() {
+    let points = [
+        At::WalAppend,
+        At::WalSync,
+        At::Spec(SyncPoint::DirAfterRemove),
+    ];
+    for at in points {
+        let d = dirs();
+        let engine = open(&d);
+        engine.prepare(claim_for("c1", "gpu0")).await.unwrap();
+        inject(&engine, at, false);
+        let err = engine.unprepare("c1").await.expect_err(&format!("{at:?}"));
+        let text = err.to_string();
+        assert!(!text.contains("nothing was granted"), "{at:?}: {text}");
+        assert!(text.contains("retry the Unprepare"), "{at:?}: {text}");
+        // A checkpoint whose write failed refuses commits until a restart; the retry
+        // happens after one either way.
+        drop(engine);
+        let engine = open(&d);
+        engine.unprepare("c1").await.unwrap();
+        assert!(engine.claims().is_empty(), "{at:?}");
+        assert!(spec_uids(&d).is_empty(), "{at:?}");
+        drop(engine);
+        assert!(record_uids(&d.state).is_empty(), "{at:?}");
+    }
+}
