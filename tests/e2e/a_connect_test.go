@@ -77,6 +77,7 @@ func startNodeLaunched(t *testing.T, v, mode string) *Node {
 	}
 	dir, err := os.MkdirTemp("", "nri-accel-e2e-")
 	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) }) // also when the set-up below fails
 	n := &Node{Version: v, Mode: mode, Dir: dir}
 	n.Devs = mkDevices(t, 8)
 	accelDir := filepath.Join(dir, "accel")

@@ -79,6 +79,7 @@ func startNode(t *testing.T, version, mode string, opts NodeOptions) *Node {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "nri-accel-e2e-")
 	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) }) // also when the set-up below fails
 	if opts.Layout.CPUs == "" {
 		opts.Layout = defaultLayout(t, 0)
 	}
