@@ -9,15 +9,21 @@ use std::sync::Arc;
 use engine_common::*;
 use nri_accel::daemon::{Agent, AgentSettings, ContainerView};
 
+/// `agent` as after the runtime's first (empty) Synchronize: before it nothing is granted.
+fn synchronized(agent: Agent) -> Agent {
+    drop(agent.sync_started());
+    agent
+}
+
 fn agent(d: &Dirs, cpus_per_device: u32) -> Agent {
     let (engine, _) = open_with(d, 4, cpus_per_device, None).unwrap();
-    Agent::new(
+    synchronized(Agent::new(
         Arc::new(engine),
         AgentSettings {
             cdi_kind: "accel.nri.io/device".into(),
             annotation_prefix: "accel.nri.io".into(),
         },
-    )
+    ))
 }
 
 fn view(id: &str, name: &str, annotations: &[(&str, &str)], nodes: &[(u32, u32)]) -> ContainerView {
@@ -67,6 +73,37 @@ async fn a_running_container_holding_a_device_without_a_record_is_adopted_until_
     agent.remove_container("c-old").await.unwrap();
     assert!(engine.claims().is_empty());
     engine.prepare(claim_for("next", "gpu1")).await.unwrap();
+}
+
+#[tokio::test]
+async fn nothing_is_granted_before_the_runtime_synchronized() {
+    let d = dirs();
+    let (engine, _) = open_with(&d, 4, 0, None).unwrap();
+    let agent = Agent::new(
+        Arc::new(engine),
+        AgentSettings {
+            cdi_kind: "accel.nri.io/device".into(),
+            annotation_prefix: "accel.nri.io".into(),
+        },
+    );
+    let asks = view(
+        "c-early",
+        "app",
+        &[("accel.nri.io/container.app", "count=1")],
+        &[],
+    );
+    let err = agent.create_container(&asks).await.unwrap_err();
+    assert!(err.contains("has not synchronized"), "{err}");
+    assert!(agent.engine().claims().is_empty());
+    assert!(spec_uids(&d).is_empty());
+    // A container asking nothing is created as usual.
+    agent
+        .create_container(&view("c-plain", "plain", &[], &[]))
+        .await
+        .unwrap();
+    let agent = synchronized(agent);
+    agent.create_container(&asks).await.unwrap();
+    assert_eq!(agent.engine().claims().len(), 1);
 }
 
 #[tokio::test]
@@ -185,13 +222,13 @@ fn mixed_agent(d: &Dirs) -> Agent {
     let journal =
         nri_accel::checkpoint::Checkpoint::load(&d.state.join("checkpoint"), BOOT).unwrap();
     let (engine, _) = nri_accel::engine::Engine::start(node, journal, store(d), None).unwrap();
-    Agent::new(
+    synchronized(Agent::new(
         Arc::new(engine),
         AgentSettings {
             cdi_kind: "accel.nri.io/device".into(),
             annotation_prefix: "accel.nri.io".into(),
         },
-    )
+    ))
 }
 
 /// Units of `device` held, by claim.

@@ -147,6 +147,8 @@ async fn setup_with(grace: u64, edit: impl FnOnce(&mut DevicePluginConfig)) -> S
             annotation_prefix: "accel.nri.io".into(),
         },
     );
+    // As after the runtime's first Synchronize.
+    drop(agent.sync_started());
     let (monitor, health) = HealthMonitor::fixed(HealthReport::all_healthy(&inv));
     let kubelet = DevicePluginKubelet::start(&dir).unwrap();
     let gate = Gate::new();
@@ -589,13 +591,16 @@ async fn a_kubelet_replaced_at_once_is_registered_with_again_whatever_inode_its_
     s.plugins.shutdown().await;
     recorder.abort();
     let seen = seen.lock().unwrap().clone();
-    // Registered, then not, then registered again (with the replaced kubelet), then failed.
-    let registered = |r: &Registration| matches!(r, Registration::Registered { .. });
-    assert!(registered(&seen[0]), "{seen:?}");
-    let gap = seen.iter().position(|r| !registered(r)).expect("a gap");
+    // Registered first and failed last. The states between (the gap and the registration with
+    // the replaced kubelet, proved above by the kubelet's own count) can be coalesced by the
+    // watch channel on a loaded machine, so they are not asserted here.
     assert!(
-        seen[gap..].iter().any(registered),
-        "never registered again: {seen:?}"
+        matches!(seen.first(), Some(Registration::Registered { .. })),
+        "{seen:?}"
+    );
+    assert!(
+        matches!(seen.last(), Some(Registration::Failed { .. })),
+        "{seen:?}"
     );
 }
 
@@ -685,11 +690,20 @@ async fn the_configured_connection_cap_holds_and_the_kubelets_listandwatch_is_ne
         .wait_plugin(WHOLE, WAIT, |p| p.streaming)
         .await
         .unwrap();
-    let mut extra = RawGrpc::connect(&socket).await.unwrap();
-    extra
-        .wait_closed(WAIT)
-        .await
-        .expect("a connection over the cap is closed");
+    // Closed at once: the client may already fail writing its preface.
+    match RawGrpc::connect(&socket).await {
+        Ok(mut extra) => extra
+            .wait_closed(WAIT)
+            .await
+            .expect("a connection over the cap is closed"),
+        Err(e) => assert!(
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ),
+            "{e}"
+        ),
+    }
     // Well past the idle timeout, the kubelet's stream still works: a health change reaches it.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(s.kubelet.plugin(WHOLE).unwrap().streaming);

@@ -124,13 +124,16 @@ async fn crash_at_every_unprepare_step_then_restart_and_retry() {
 }
 
 fn agent_over(engine: nri_accel::engine::Engine) -> nri_accel::daemon::Agent {
-    nri_accel::daemon::Agent::new(
+    let agent = nri_accel::daemon::Agent::new(
         std::sync::Arc::new(engine),
         nri_accel::daemon::AgentSettings {
             cdi_kind: "accel.nri.io/device".into(),
             annotation_prefix: "accel.nri.io".into(),
         },
-    )
+    );
+    // As after the runtime's first Synchronize.
+    drop(agent.sync_started());
+    agent
 }
 
 fn view(id: &str, annotations: &[(&str, &str)]) -> nri_accel::daemon::ContainerView {

@@ -280,6 +280,12 @@ impl Agent {
         SyncGuard(self.syncs.clone())
     }
 
+    /// Whether the runtime has synchronized with this process at least once: before that the
+    /// containers already running are unknown, so nothing may be granted (the gate).
+    pub fn has_synchronized(&self) -> bool {
+        self.syncs.borrow().0 > 0
+    }
+
     /// Waits until every Synchronize started so far has finished, its release work included.
     pub async fn settled(&self) {
         let mut rx = self.syncs.subscribe();
@@ -417,6 +423,12 @@ impl Agent {
         c: &ContainerView,
     ) -> Result<(ContainerGrant, Vec<ContainerUpdate>), String> {
         let pod = format!("{}/{}", c.pod_namespace, c.pod_name);
+        if self.may_prepare(c) && !self.has_synchronized() {
+            return Err(format!(
+                "container {} of pod {pod} asks for devices, but the runtime has not synchronized with nri-accel, so the containers already running are unknown and nothing is granted (containerd 1.7.0-1.7.6, NRI v0.3.0, never synchronizes a plugin it launches itself: run nri-accel as a service on the NRI socket instead)",
+                c.name
+            ));
+        }
         self.release_failed_attempts(c).await;
         self.note_asks(c);
         let ask = annotations::container_ask(
