@@ -237,6 +237,18 @@ fn int64(v: i64) -> OptionalInt64 {
 }
 
 /// The NRI form of a policy's container update.
+/// The NRI form of a container update an event reply carries: marked `ignore_failure`, since
+/// the container it moves may have exited meanwhile (not every runtime tells plugins of an
+/// exit), and a runtime fails the whole event when an update it cannot apply is not so marked
+/// (CRI-O failed a create with "NRI update of containers failed"). Synchronize moves them all
+/// again on the next connection.
+pub fn reply_update(u: &policies::ContainerUpdate) -> ContainerUpdate {
+    let mut out = update(u);
+    out.ignore_failure = true;
+    out
+}
+
+/// The NRI form of a policy's container update (a push: failures are reported and retried).
 pub fn update(u: &policies::ContainerUpdate) -> ContainerUpdate {
     let mut cpu = LinuxCPU::new();
     cpu.cpus = u.cpus.to_string();
@@ -349,7 +361,7 @@ impl Plugin for NriPlugin {
             updates = updates.len(),
             "synchronized with the runtime"
         );
-        Ok(updates.iter().map(update).collect())
+        Ok(updates.iter().map(reply_update).collect())
     }
 
     fn synchronize_freed(&self) {
@@ -386,7 +398,10 @@ impl Plugin for NriPlugin {
                     tracing::info!(container = %v.id, name = %v.name, pod = %format!("{}/{}", v.pod_namespace, v.pod_name),
                         device_nodes = grant.device_nodes.len(), updates = updates.len(), "container adjusted");
                 }
-                Ok((adjustment(&grant), updates.iter().map(update).collect()))
+                Ok((
+                    adjustment(&grant),
+                    updates.iter().map(reply_update).collect(),
+                ))
             }
             Err(e) => {
                 tracing::warn!(container = %v.id, error = %e, "container creation refused");
@@ -411,7 +426,7 @@ impl Plugin for NriPlugin {
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         let (agent, id) = (self.agent.clone(), container.id.clone());
         let updates = detached(async move { agent.stop_container(&id).await }).await?;
-        Ok(updates.iter().map(update).collect())
+        Ok(updates.iter().map(reply_update).collect())
     }
 
     async fn stop_pod_sandbox(&self, pod: &PodSandbox) -> Result<(), PluginError> {
