@@ -7,7 +7,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 versions="${NRI_ACCEL_E2E_CONTAINERD:-v1.7.0,v2.4.2}"
 if [ "${1:-}" = --matrix ]; then
-    versions=v1.7.0,v1.7.35,v2.1.9,v2.2.9,v2.4.2,crio-v1.36.3
+    versions=v1.7.0,v1.7.35,v2.1.9,v2.2.9,v2.3.7,v2.4.2,crio-v1.36.3
     shift
 fi
 [ "$(id -u)" = 0 ] || { echo "tests/run.sh needs root (it runs containerd, runc and mknod)" >&2; exit 1; }

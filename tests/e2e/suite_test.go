@@ -21,11 +21,11 @@ import (
 const defaultVersions = "v1.7.0,v2.4.2"
 
 // Versions of the whole matrix (tests/run.sh --matrix).
-const matrixVersions = "v1.7.0,v1.7.35,v2.1.9,v2.2.9,v2.4.2,crio-v1.36.3"
+const matrixVersions = "v1.7.0,v1.7.35,v2.1.9,v2.2.9,v2.3.7,v2.4.2,crio-v1.36.3"
 
 // The NRI version each containerd of the matrix vendors (its go.mod under tests/peers).
 var nriOf = map[string]string{
-	"v1.7.0": "v0.3.0", "v1.7.35": "v0.8.0", "v2.1.9": "v0.8.0", "v2.2.9": "v0.11.0", "v2.4.2": "v0.12.3",
+	"v1.7.0": "v0.3.0", "v1.7.35": "v0.8.0", "v2.1.9": "v0.8.0", "v2.2.9": "v0.11.0", "v2.3.7": "v0.12.0", "v2.4.2": "v0.12.3",
 	"crio-v1.36.3": "v0.11.0",
 }
 
