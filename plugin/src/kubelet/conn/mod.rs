@@ -6,8 +6,8 @@
 //!   (the kubelet's grpc-go clients send the percent-encoded socket path, which h2 refuses);
 //! - [`streams`]: the streams open on a connection (idle = none open) and the server's resets,
 //!   logged at WARN;
-//! - [`io`]: the adapter itself, an `AsyncRead + AsyncWrite` over the accepted socket;
-//! - [`listen`]: the accept loop with the connection cap.
+//! - `io`: the adapter itself, an `AsyncRead + AsyncWrite` over the accepted socket;
+//! - `listen`: the accept loop with the connection cap.
 
 pub mod frames;
 mod io;
