@@ -72,6 +72,9 @@ pinns_path = %q
 container_exits_dir = %q
 container_attach_socket_dir = %q
 cdi_spec_dirs = [%q]
+# Pods run on the host network with no port mappings; without this CRI-O refuses to start on a host
+# with neither iptables nor nft ("can't create HostPortManager").
+disable_hostport_mapping = true
 
 [crio.runtime.runtimes.runc]
 runtime_path = "/usr/sbin/runc"
