@@ -59,14 +59,20 @@ impl EventMask {
     }
 }
 
-/// Parses an NRI version such as `v0.12.0` into `(major, minor)`; `None` when empty or malformed
-/// (runtimes before v0.12 send no version).
-pub fn parse_nri_version(version: &str) -> Option<(u32, u32)> {
+/// Parses an NRI version such as `v0.12.1` into `(major, minor, patch)`, a missing patch read as
+/// 0 and anything after it (`-rc.1`) ignored; `None` when empty or malformed (runtimes before
+/// v0.12 send no version). Every decision the plugin takes on the runtime's NRI version reads it
+/// through this one parser.
+pub fn parse_nri_version(version: &str) -> Option<(u32, u32, u32)> {
     let v = version.trim().trim_start_matches('v');
     let mut parts = v.split(['.', '-', '+']);
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
+    let patch = match parts.next() {
+        None => 0,
+        Some(p) => p.parse().ok()?,
+    };
+    Some((major, minor, patch))
 }
 
 /// The events a runtime with `nri_version` (from `ConfigureRequest.NRI_version`) accepts in a
@@ -74,7 +80,7 @@ pub fn parse_nri_version(version: &str) -> Option<(u32, u32)> {
 /// limited to this mask. Empty or unparsable versions are treated as pre-v0.10.
 pub fn valid_mask_for(nri_version: &str) -> EventMask {
     match parse_nri_version(nri_version) {
-        Some((major, minor)) if major > 0 || minor >= 10 => MASK_V0_10,
+        Some((major, minor, _)) if major > 0 || minor >= 10 => MASK_V0_10,
         _ => MASK_PRE_V0_10,
     }
 }
@@ -90,6 +96,10 @@ mod tests {
         assert_eq!(valid_mask_for("v0.8.0"), MASK_PRE_V0_10);
         assert_eq!(valid_mask_for(""), MASK_PRE_V0_10);
         assert_eq!(valid_mask_for("garbage"), MASK_PRE_V0_10);
+        assert_eq!(parse_nri_version("v0.12"), Some((0, 12, 0)));
+        assert_eq!(parse_nri_version("v0.13.0-rc.1"), Some((0, 13, 0)));
+        assert_eq!(parse_nri_version(" 1.2.3+dirty"), Some((1, 2, 3)));
+        assert_eq!(parse_nri_version("v0.12.x"), None);
         let m = EventMask::of(&[Event::CREATE_CONTAINER, Event::UPDATE_POD_SANDBOX]);
         assert_eq!(m.bits(), 1 << 3 | 1 << 11);
         assert!(

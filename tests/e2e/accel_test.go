@@ -22,8 +22,7 @@ type Accel struct {
 	CDIDir   string
 	Claims   string
 	Log      string
-	cmd      *exec.Cmd
-	done     chan error
+	process
 }
 
 // Fake accelerators: real char device nodes, mknodded by the suite under a temp dir of /dev.
@@ -129,17 +128,9 @@ func (a *Accel) Start(t *testing.T) {
 // StartNoWait runs `nri-accel run` and returns at once.
 func (a *Accel) StartNoWait(t *testing.T) {
 	t.Helper()
-	log, err := os.OpenFile(a.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	must(t, err)
-	defer log.Close()
-	fmt.Fprintf(log, "\n===== e2e: nri-accel starting at %s\n", time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(a.Bin, "run", "--config", a.Config)
 	cmd.Env = append(os.Environ(), "NRI_ACCEL_LOG=info")
-	cmd.Stdout, cmd.Stderr = log, log
-	must(t, cmd.Start())
-	a.cmd = cmd
-	a.done = make(chan error, 1)
-	go func() { a.done <- cmd.Wait() }()
+	a.start(t, cmd, a.Log, "nri-accel")
 }
 
 // WaitGate waits until `status` says the gate is open.
@@ -153,42 +144,11 @@ func (a *Accel) WaitGate(t *testing.T) {
 	}
 }
 
-// Running reports whether the nri-accel this harness started is alive.
-func (a *Accel) Running() bool {
-	if a.cmd == nil {
-		return false
-	}
-	select {
-	case err := <-a.done:
-		a.done <- err
-		return false
-	default:
-		return true
-	}
-}
-
 // Kill9 kills nri-accel with SIGKILL and waits for it.
-func (a *Accel) Kill9() {
-	if a.Running() {
-		_ = a.cmd.Process.Kill()
-		err := <-a.done
-		a.done <- err
-	}
-}
+func (a *Accel) Kill9() { a.Kill() }
 
 // Stop stops nri-accel (SIGTERM, then SIGKILL after 10 s).
-func (a *Accel) Stop() {
-	if !a.Running() {
-		return
-	}
-	_ = a.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-a.done:
-		a.done <- err
-	case <-time.After(10 * time.Second):
-		a.Kill9()
-	}
-}
+func (a *Accel) Stop() { a.stop(10*time.Second, nil) }
 
 // CLI runs an nri-accel subcommand against this node's config: stdout, stderr, error.
 func (a *Accel) CLI(args ...string) (string, string, error) {

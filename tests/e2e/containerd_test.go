@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -30,8 +28,7 @@ type Containerd struct {
 	Validator bool
 	// RequiredPlugins are the default validator's required plugins.
 	RequiredPlugins []string
-	cmd             *exec.Cmd
-	done            chan error
+	process
 }
 
 // newContainerd lays out a containerd of `version` under dir; Start runs it.
@@ -47,6 +44,7 @@ func newContainerd(t *testing.T, version, dir, cdiDir string) *Containerd {
 		PluginConfigPath: filepath.Join(dir, "nri-conf"),
 		CDIDir:           cdiDir,
 		Log:              filepath.Join(dir, "containerd.log"),
+		process:          process{group: true},
 	}
 	for _, d := range []string{c.PluginPath, c.PluginConfigPath, filepath.Join(dir, "cni")} {
 		must(t, os.MkdirAll(d, 0o755))
@@ -154,47 +152,11 @@ state = %q
 func (c *Containerd) Start(t *testing.T) {
 	t.Helper()
 	must(t, os.WriteFile(c.Config, []byte(c.config()), 0o644))
-	log, err := os.OpenFile(c.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	must(t, err)
-	defer log.Close()
-	fmt.Fprintf(log, "\n===== e2e: containerd %s starting at %s\n", c.Version, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(filepath.Join(c.Bin, "containerd"), "--config", c.Config)
 	cmd.Env = append(os.Environ(), "PATH="+c.Bin+":"+os.Getenv("PATH"))
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	must(t, cmd.Start())
-	c.cmd = cmd
-	c.done = make(chan error, 1)
-	go func() { c.done <- cmd.Wait() }()
-	ok := waitFor(60*time.Second, func() bool {
-		select {
-		case <-c.done:
-			return true
-		default:
-		}
-		cri, err := dialCRI(c.Socket)
-		if err != nil {
-			return false
-		}
-		defer cri.Close()
-		return cri.Ready() == nil
-	})
-	if !ok || !c.Running() {
+	c.start(t, cmd, c.Log, "containerd "+c.Version)
+	if !c.awaitCRI(c.Socket) {
 		t.Fatalf("containerd %s did not come up (log %s):\n%s", c.Version, c.Log, tail(c.Log, 40))
-	}
-}
-
-// Running reports whether the containerd process is alive.
-func (c *Containerd) Running() bool {
-	if c.cmd == nil {
-		return false
-	}
-	select {
-	case err := <-c.done:
-		c.done <- err
-		return false
-	default:
-		return true
 	}
 }
 
@@ -221,93 +183,25 @@ func (c *Containerd) ImportImage(t *testing.T) {
 // Dump asks containerd for its goroutine dump (written to its log).
 func (c *Containerd) Dump() {
 	if c.Running() {
-		_ = c.cmd.Process.Signal(syscall.SIGUSR1)
+		c.signal(syscall.SIGUSR1)
 		time.Sleep(time.Second)
 	}
 }
 
-// Stop stops containerd (SIGTERM, then SIGKILL after 10 s); running containers stay.
-func (c *Containerd) Stop() {
-	if !c.Running() {
-		return
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-c.done:
-		c.done <- err
-	case <-time.After(10 * time.Second):
-		c.Dump()
-		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-		err := <-c.done
-		c.done <- err
-	}
-}
-
-// Kill ends containerd at once (SIGKILL), with no chance to clean up.
-func (c *Containerd) Kill() {
-	if c.Running() {
-		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-		err := <-c.done
-		c.done <- err
-	}
-}
+// Stop stops containerd (SIGTERM, then a goroutine dump and SIGKILL after 10 s); running
+// containers stay.
+func (c *Containerd) Stop() { c.stop(10*time.Second, c.Dump) }
 
 // Cleanup removes whatever this containerd left: containers under its runc root, shims started
 // for its socket, and mounts under its dir.
 func (c *Containerd) Cleanup() {
+	var roots []string
 	runcRoot := filepath.Join(c.Dir, "runc")
 	if ents, err := os.ReadDir(runcRoot); err == nil {
 		for _, ns := range ents {
-			root := filepath.Join(runcRoot, ns.Name())
-			ids, _ := os.ReadDir(root)
-			for _, id := range ids {
-				_ = exec.Command("runc", "--root", root, "kill", id.Name(), "KILL").Run()
-				_ = exec.Command("runc", "--root", root, "delete", "--force", id.Name()).Run()
-			}
+			roots = append(roots, filepath.Join(runcRoot, ns.Name()))
 		}
 	}
 	// Shims of this containerd carry its socket's address on their command line.
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		var pid int
-		if _, err := fmt.Sscanf(p.Name(), "%d", &pid); err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if strings.Contains(string(cmdline), "containerd-shim") && strings.Contains(string(cmdline), c.Socket) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-	unmountUnder(c.Dir)
-}
-
-// unmountUnder detaches every mount at or below dir, deepest first.
-func unmountUnder(dir string) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	var points []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
-			points = append(points, fields[4])
-		}
-	}
-	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
-	for _, p := range points {
-		_ = syscall.Unmount(p, syscall.MNT_DETACH)
-	}
-}
-
-// tail answers the last n lines of a file.
-func tail(path string, n int) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	cleanupRuntime(c.Dir, roots, "containerd-shim", c.Socket)
 }

@@ -95,9 +95,19 @@ func (c *CRI) CreateContainer(pod *Pod, name string) (string, error) {
 
 // CreateContainerAnnotated creates container `name` in pod with these container annotations.
 func (c *CRI) CreateContainerAnnotated(pod *Pod, name string, annotations map[string]string) (string, error) {
+	return c.createContainer(pod, name, annotations, nil)
+}
+
+// CreateContainerCommand creates container `name` in pod running command instead of the image's.
+func (c *CRI) CreateContainerCommand(pod *Pod, name string, command []string) (string, error) {
+	return c.createContainer(pod, name, nil, command)
+}
+
+func (c *CRI) createContainer(pod *Pod, name string, annotations map[string]string, command []string) (string, error) {
 	cfg := &cri.ContainerConfig{
 		Metadata:    &cri.ContainerMetadata{Name: name},
 		Image:       &cri.ImageSpec{Image: imageRef, UserSpecifiedImage: imageRef},
+		Command:     command,
 		Annotations: annotations,
 		Labels: map[string]string{
 			"io.kubernetes.container.name": name,

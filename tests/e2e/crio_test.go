@@ -25,8 +25,7 @@ type Crio struct {
 	NRISock string
 	CDIDir  string
 	Log     string
-	cmd     *exec.Cmd
-	done    chan error
+	process
 }
 
 func newCrio(t *testing.T, version, dir, cdiDir string) *Crio {
@@ -39,6 +38,7 @@ func newCrio(t *testing.T, version, dir, cdiDir string) *Crio {
 		NRISock: filepath.Join(dir, "nri.sock"),
 		CDIDir:  cdiDir,
 		Log:     filepath.Join(dir, "crio.log"),
+		process: process{group: true},
 	}
 	for _, d := range []string{"cni", "cni-bin", "conf.d", "nri-plugins", "nri-conf"} {
 		must(t, os.MkdirAll(filepath.Join(dir, d), 0o755))
@@ -72,6 +72,9 @@ pinns_path = %q
 container_exits_dir = %q
 container_attach_socket_dir = %q
 cdi_spec_dirs = [%q]
+# Pods run on the host network with no port mappings; without this CRI-O refuses to start on a host
+# with neither iptables nor nft ("can't create HostPortManager").
+disable_hostport_mapping = true
 
 [crio.runtime.runtimes.runc]
 runtime_path = "/usr/sbin/runc"
@@ -106,30 +109,10 @@ nri_disable_connections = false
 func (c *Crio) Start(t *testing.T) {
 	t.Helper()
 	must(t, os.WriteFile(c.Config, []byte(c.config()), 0o644))
-	log, err := os.OpenFile(c.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	must(t, err)
-	defer log.Close()
-	fmt.Fprintf(log, "\n===== e2e: %s starting at %s\n", c.Version, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(filepath.Join(c.Bin, "crio"), "--config", c.Config, "--config-dir", filepath.Join(c.Dir, "conf.d"),
 		"--log-level", "info")
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	must(t, cmd.Start())
-	c.cmd = cmd
-	c.done = make(chan error, 1)
-	go func() { c.done <- cmd.Wait() }()
-	ok := waitFor(60*time.Second, func() bool {
-		if !c.Running() {
-			return true
-		}
-		cri, err := dialCRI(c.Socket)
-		if err != nil {
-			return false
-		}
-		defer cri.Close()
-		return cri.Ready() == nil
-	})
-	if !ok || !c.Running() {
+	c.start(t, cmd, c.Log, c.Version)
+	if !c.awaitCRI(c.Socket) {
 		t.Fatalf("%s did not come up (log %s):\n%s", c.Version, c.Log, tail(c.Log, 40))
 	}
 }
@@ -145,20 +128,6 @@ func (c *Crio) ImportImage(t *testing.T) {
 	}
 }
 
-// Running reports whether the CRI-O process is alive.
-func (c *Crio) Running() bool {
-	if c.cmd == nil {
-		return false
-	}
-	select {
-	case err := <-c.done:
-		c.done <- err
-		return false
-	default:
-		return true
-	}
-}
-
 // Dump asks CRI-O for its goroutine dump (SIGUSR1: CRI-O writes /tmp/crio-goroutine-stacks-*.log)
 // and appends it to CRI-O's log here.
 func (c *Crio) Dump() {
@@ -166,7 +135,7 @@ func (c *Crio) Dump() {
 		return
 	}
 	asked := time.Now().Add(-time.Second)
-	_ = c.cmd.Process.Signal(syscall.SIGUSR1)
+	c.signal(syscall.SIGUSR1)
 	time.Sleep(time.Second)
 	dumps, _ := filepath.Glob("/tmp/crio-goroutine-stacks-*.log")
 	log, err := os.OpenFile(c.Log, os.O_WRONLY|os.O_APPEND, 0o644)
@@ -186,48 +155,11 @@ func (c *Crio) Dump() {
 }
 
 // Stop stops CRI-O (SIGTERM, then SIGKILL after 10 s).
-func (c *Crio) Stop() {
-	if !c.Running() {
-		return
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-c.done:
-		c.done <- err
-	case <-time.After(10 * time.Second):
-		c.Kill()
-	}
-}
-
-// Kill ends CRI-O at once.
-func (c *Crio) Kill() {
-	if c.Running() {
-		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-		err := <-c.done
-		c.done <- err
-	}
-}
+func (c *Crio) Stop() { c.stop(10*time.Second, nil) }
 
 // Cleanup kills containers under its runc root and conmons of its dir, and unmounts its dir.
 func (c *Crio) Cleanup() {
-	root := filepath.Join(c.Dir, "runc")
-	ids, _ := os.ReadDir(root)
-	for _, id := range ids {
-		_ = exec.Command("runc", "--root", root, "kill", id.Name(), "KILL").Run()
-		_ = exec.Command("runc", "--root", root, "delete", "--force", id.Name()).Run()
-	}
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		var pid int
-		if _, err := fmt.Sscanf(p.Name(), "%d", &pid); err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if strings.Contains(string(cmdline), "conmon") && strings.Contains(string(cmdline), c.Dir) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
-	unmountUnder(c.Dir)
+	cleanupRuntime(c.Dir, []string{filepath.Join(c.Dir, "runc")}, "conmon", c.Dir)
 }
 
 // CRISocket is CRI-O's socket.

@@ -66,22 +66,8 @@ impl Delivery {
     /// The delivery a runtime that reports `nri_version` (ConfigureRequest.NRI_version, empty
     /// before NRI v0.12) allows: pushes from v0.12.1 on.
     pub fn for_nri_version(nri_version: &str) -> Delivery {
-        let mut parts = nri_version
-            .trim()
-            .trim_start_matches('v')
-            .split(|c: char| !c.is_ascii_digit())
-            .map(|p| p.parse::<u32>().ok());
-        let v = (
-            parts.next().flatten(),
-            parts.next().flatten(),
-            parts.next().flatten(),
-        );
-        match v {
-            (Some(major), Some(minor), patch)
-                if (major, minor, patch.unwrap_or(0)) >= (0, 12, 1) =>
-            {
-                Delivery::Push
-            }
+        match nri_proto::parse_nri_version(nri_version) {
+            Some(version) if version >= (0, 12, 1) => Delivery::Push,
             _ => Delivery::Replies,
         }
     }

@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"testing"
+	"time"
+)
+
+// Scenario g4 (issue 25 item 9): a create that fails after nri-accel answered CreateContainer, with
+// a command that does not exist. CRI-O fails it at create (runc create) and sends no NRI event for
+// it; containerd creates it and fails the start. Either way what nri-accel granted for it comes
+// back: the pod's retry of the same container gets the device, and a pod that goes away after
+// such a failure leaves nothing held.
+func TestG_FailedCreateReleases(t *testing.T) {
+	eachVersion(t, func(t *testing.T, v string) {
+		n := startNode(t, v, "device-nodes", NodeOptions{Layout: defaultLayout(t, 1)})
+
+		// failOnce creates container "app" of p with a missing command; a container that was
+		// created (and failed to start) is removed, as the kubelet does before it retries.
+		failOnce := func(p *Pod) {
+			t.Helper()
+			id, err := n.CRI.CreateContainerCommand(p, "app", []string{"/no/such/command"})
+			if err != nil {
+				t.Logf("%s: the create failed: %v", p.Config.Metadata.Name, err)
+				return
+			}
+			if err := n.CRI.StartContainer(id); err == nil {
+				t.Fatalf("a container whose command does not exist started")
+			} else {
+				t.Logf("%s: the start failed: %v", p.Config.Metadata.Name, err)
+			}
+			if err := n.CRI.RemoveContainer(id); err != nil {
+				t.Fatalf("removing the failed container: %v", err)
+			}
+		}
+
+		// The retry in the same pod gets the device.
+		p := n.mustRunPod(t, "broken", annotation("app", exclusiveAsk))
+		failOnce(p)
+		id, err := n.CRI.Run(p, "app")
+		if err != nil {
+			t.Fatalf("the pod's retry after a failed create: %v\n%s", err, tail(n.Accel.Log, 20))
+		}
+		if view, err := n.viewDevice(t, id, n.Devs.Path(0)); err != nil || view.Minor != 0 {
+			t.Errorf("the retry's device: %+v %v", view, err)
+		}
+		if st := n.status(t); len(st.Claims()) != 1 {
+			t.Errorf("claims after the retry: %v; want the retry's only", st.Claims())
+		}
+		n.assertNoDoubleGrant(t)
+		if err := n.CRI.RemovePod(p.ID); err != nil {
+			t.Fatalf("removing the pod: %v", err)
+		}
+		if !waitFor(10*time.Second, func() bool { st, _ := n.Accel.Status(); return st != nil && len(st.Claims()) == 0 }) {
+			t.Fatalf("the retry's claim was not released with its pod: %v", n.status(t).Claims())
+		}
+
+		// A pod removed right after a failed create, with no retry: nothing stays held.
+		gone := n.mustRunPod(t, "broken-gone", annotation("app", exclusiveAsk))
+		failOnce(gone)
+		if err := n.CRI.RemovePod(gone.ID); err != nil {
+			t.Fatalf("removing the pod: %v", err)
+		}
+		if !waitFor(10*time.Second, func() bool { st, _ := n.Accel.Status(); return st != nil && len(st.Claims()) == 0 }) {
+			t.Errorf("a failed create's grant outlived its pod: %v", n.status(t).Claims())
+		}
+		n.assertNothingHeld(t)
+	})
+}
