@@ -88,18 +88,23 @@ var (
 	peerBins = map[string]string{}
 )
 
-// peerBin is the bin dir of containerd `version`, built (or found in the cache) by build.sh,
-// which fails loudly on a missing module or a failed build.
+// peerBin is the bin dir of containerd `version` (or CRI-O, crio-<version>).
 func peerBin(t *testing.T, version string) string {
+	t.Helper()
+	if isCrio(version) {
+		return buildPeer(t, version)
+	}
+	return buildPeer(t, "containerd-"+version)
+}
+
+// buildPeer is the bin dir of peer `peer` (a dir under tests/peers), built (or found in the
+// cache) by build.sh, which fails loudly on a missing module or a failed build.
+func buildPeer(t *testing.T, peer string) string {
 	t.Helper()
 	peerMu.Lock()
 	defer peerMu.Unlock()
-	if dir, ok := peerBins[version]; ok {
+	if dir, ok := peerBins[peer]; ok {
 		return dir
-	}
-	peer := "containerd-" + version
-	if isCrio(version) {
-		peer = version
 	}
 	cmd := exec.Command("bash", filepath.Join(testsDir(), "peers", "build.sh"), peer)
 	var stderr bytes.Buffer
@@ -111,7 +116,7 @@ func peerBin(t *testing.T, version string) string {
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)
 		if len(f) == 2 && f[0] == peer {
-			peerBins[version] = f[1]
+			peerBins[peer] = f[1]
 			return f[1]
 		}
 	}
