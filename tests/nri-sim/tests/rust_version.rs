@@ -40,7 +40,7 @@ fn host_triple(cargo_rustc: &str) -> String {
 
 #[test]
 fn the_workspace_rust_version_covers_every_locked_dependency() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     // Only what builds on this platform: a Windows-only crate's rust-version does not bind us.
