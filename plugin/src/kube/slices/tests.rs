@@ -16,7 +16,7 @@ fn gpu(id: &str, numa: u32) -> Device {
     let pci = format!("0000:{id}:00.0");
     Device {
         id: id.into(),
-        ..crate::demo::simulated_gpu(0, numa, Default::default(), pci)
+        ..crate::fixtures::simulated_gpu(0, numa, Default::default(), pci)
     }
 }
 
