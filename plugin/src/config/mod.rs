@@ -7,6 +7,7 @@
 
 mod error;
 mod model;
+mod problem;
 mod spans;
 mod validate;
 mod validate_device_plugin;

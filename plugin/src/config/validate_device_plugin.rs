@@ -6,18 +6,9 @@ use std::collections::HashSet;
 use policies::FamilyConfig;
 
 use super::Config;
+use super::problem::{Checked, fail};
 use super::spans::Step::{self, Index, Key};
-use super::validate::Problem;
 use crate::kubelet::device_plugin::{layout, resource_name_ok};
-
-type Checked = Result<(), Problem>;
-
-fn fail(path: Vec<Step>, message: impl Into<String>) -> Checked {
-    Err(Problem {
-        path,
-        message: message.into(),
-    })
-}
 
 fn at(rest: &[Step]) -> Vec<Step> {
     let mut p = vec![Key("device_plugin")];
