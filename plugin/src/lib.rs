@@ -16,6 +16,7 @@ pub mod kube;
 pub mod kubelet;
 pub mod logging;
 pub mod metrics;
+pub mod names;
 pub mod nodelock;
 pub mod notify;
 pub mod preflight;

@@ -5,6 +5,7 @@
 //! file, the line and column, and says in one sentence what is wrong, so
 //! `nri-accel check-config` can print it as is.
 
+pub mod device_plugin;
 mod error;
 mod model;
 mod problem;

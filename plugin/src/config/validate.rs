@@ -84,7 +84,7 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
         )?;
     }
     let driver = &cfg.dra.driver_name;
-    if !crate::kube::names::is_driver_name(driver) {
+    if !crate::names::is_driver_name(driver) {
         fail(
             vec![Key("dra"), Key("driver_name")],
             format!(
@@ -122,7 +122,7 @@ fn dra(cfg: &Config) -> Checked {
         )?;
     }
     let node = &cfg.kubernetes.node_name;
-    if !node.is_empty() && !crate::kube::names::is_dns_subdomain(node) {
+    if !node.is_empty() && !crate::names::is_dns_subdomain(node) {
         fail(
             vec![Key("kubernetes"), Key("node_name")],
             format!(
