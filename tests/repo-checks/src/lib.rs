@@ -1,9 +1,11 @@
 //! Checks on the repository's shape rather than on the product's behaviour: which files import
-//! which (the plugin's layers, no import cycles), what the shipped binary links, and the Rust
-//! version the workspace states. The tests in `tests/` run them; this library holds the readers
-//! they share (docs/architecture.md, "Layers").
+//! which (the plugin's layers, no import cycles), what the README's tour and the docs link to,
+//! what the shipped binary links, and the Rust version the workspace states. The tests in
+//! `tests/` run them; this library holds the readers they share (docs/architecture.md,
+//! "Layers").
 
 pub mod imports;
+pub mod markdown;
 
 use std::path::{Path, PathBuf};
 
