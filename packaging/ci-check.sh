@@ -8,6 +8,11 @@
 #      an installed file names, and a one-line short description, and nri-accel is its only
 #      program, with no code of the simulators (tests/nri-sim, tests/kube-sim) in it. An already
 #      built .deb in target/debian/ is kept (cargo-deb would delete it).
+#
+# The .deb is built with the release profile: the check is about its contents, and the release
+# profile is the cheap one (the demo's); the package that ships is built with --profile dist (fat
+# LTO, docs/performance.md "Build cost"). DEB_PROFILE=dist checks that one.
+#
 # Installs what it needs when missing (systemd via apt-get, cargo-deb via cargo install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,7 +61,8 @@ echo "tmpfiles.d: ok"
 
 # --- .deb ---------------------------------------------------------------------------------------
 [ -f packaging/config.yaml ] || fail "packaging/config.yaml (the default config) is missing"
-cargo deb -p nri-accel --locked --quiet --output "$work/nri-accel.deb" >/dev/null
+cargo deb -p nri-accel --profile "${DEB_PROFILE:-release}" --locked --quiet \
+    --output "$work/nri-accel.deb" >/dev/null
 root="$work/root"
 dpkg-deb -x "$work/nri-accel.deb" "$root"
 dpkg-deb -e "$work/nri-accel.deb" "$work/control"
