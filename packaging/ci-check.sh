@@ -5,8 +5,14 @@
 #   2. systemd-analyze security --offline=yes: exposure must be <= 2.0 and docs must state it;
 #   3. systemd-tmpfiles creates the tmpfiles.d dirs with their modes in a temp root;
 #   4. cargo deb builds the .deb; unpacked into a temp root it holds every expected path, every doc
-#      an installed file names, and a one-line short description. An already built .deb in
-#      target/debian/ is kept (cargo-deb would delete it).
+#      an installed file names, and a one-line short description, and nri-accel is its only
+#      program, with no code of the simulators (tests/nri-sim, tests/kube-sim) in it. An already
+#      built .deb in target/debian/ is kept (cargo-deb would delete it).
+#
+# The .deb is built with the release profile: the check is about its contents, and the release
+# profile is the cheap one (the demo's); the package that ships is built with --profile dist (fat
+# LTO, docs/performance.md "Build cost"). DEB_PROFILE=dist checks that one.
+#
 # Installs what it needs when missing (systemd via apt-get, cargo-deb via cargo install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +61,8 @@ echo "tmpfiles.d: ok"
 
 # --- .deb ---------------------------------------------------------------------------------------
 [ -f packaging/config.yaml ] || fail "packaging/config.yaml (the default config) is missing"
-cargo deb -p nri-accel --locked --quiet --output "$work/nri-accel.deb" >/dev/null
+cargo deb -p nri-accel --profile "${DEB_PROFILE:-release}" --locked --quiet \
+    --output "$work/nri-accel.deb" >/dev/null
 root="$work/root"
 dpkg-deb -x "$work/nri-accel.deb" "$root"
 dpkg-deb -e "$work/nri-accel.deb" "$work/control"
@@ -88,6 +95,13 @@ for path in \
     [ -f "$root/$path" ] || fail "the .deb lacks /$path"
 done
 [ -x "$root/usr/bin/nri-accel" ] || fail "/usr/bin/nri-accel in the .deb is not executable"
+programs=$(find "$root" -type f -perm -u+x | sed "s|^$root||")
+[ "$programs" = /usr/bin/nri-accel ] || fail "the .deb holds programs besides /usr/bin/nri-accel: $programs"
+# Code linked into a Rust binary carries its source paths (panic locations); a simulator's would
+# show here even in a stripped binary.
+if grep -aqE 'tests/(nri-sim|kube-sim|demo)/src/' "$root/usr/bin/nri-accel"; then
+    fail "/usr/bin/nri-accel links code of the simulators or the demo (tests/): the shipped binary never does"
+fi
 cmp -s "$root/usr/lib/systemd/system/nri-accel.service" packaging/nri-accel.service \
     || fail "the .deb's unit differs from packaging/nri-accel.service"
 grep -qx /etc/nri-accel/config.yaml "$work/control/conffiles" \

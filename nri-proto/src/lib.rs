@@ -22,6 +22,7 @@ mod events;
 mod fd;
 pub mod lean_sync;
 pub mod mux;
+mod notify;
 mod plugin;
 mod server;
 mod service;
@@ -58,9 +59,9 @@ pub mod api {
 pub use error::{PluginError, StubError, describe_ttrpc};
 pub use events::{EventMask, MASK_PRE_V0_10, MASK_V0_10, parse_nri_version, valid_mask_for};
 pub use lean_sync::{LeanKeep, LeanSynchronize, SyncContainer, SyncDecoding, SyncDevice, SyncPod};
+pub use notify::StubEvent;
 pub use plugin::Plugin;
 pub use protobuf;
 pub use stub::{
-    DEFAULT_SOCKET, NRI_VERSION, Stub, StubBuilder, StubEvent, Updater, validate_index,
-    validate_name,
+    DEFAULT_SOCKET, NRI_VERSION, Stub, StubBuilder, Updater, validate_index, validate_name,
 };

@@ -8,9 +8,9 @@ use crate::api::*;
 use crate::error::{PluginError, to_ttrpc};
 use crate::events::valid_mask_for;
 use crate::lean_sync::{LeanKeep, LeanSynchronize, SyncContainer, SyncDecoding, SyncPod};
+use crate::notify::{Notifier, StubEvent};
 use crate::plugin::Plugin;
 use crate::server::Rpc;
-use crate::stub::{Notifier, StubEvent};
 
 /// Pods and containers of the chunks received so far in a paged Synchronize.
 struct Pages<P, C> {

@@ -15,6 +15,7 @@ use crate::api::{
 use crate::error::StubError;
 use crate::generated::nri_ttrpc::RuntimeClient;
 use crate::mux::{Mux, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use crate::notify::{Notifier, StubEvent};
 use crate::plugin::Plugin;
 use crate::service::PluginService;
 
@@ -24,46 +25,6 @@ pub const NRI_VERSION: &str = "v0.12.0";
 pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
 /// Timeout of the stub's own calls to the runtime.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What happens to the connection; subscribe with [`Stub::subscribe`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StubEvent {
-    /// The socket is connected and the plugin service is served; registration follows.
-    Connected,
-    /// The runtime sent Configure.
-    Configured {
-        /// Runtime name, e.g. `containerd`.
-        runtime_name: String,
-        /// Runtime version.
-        runtime_version: String,
-        /// The runtime's NRI version (empty before v0.12).
-        nri_version: String,
-    },
-    /// The plugin's `synchronize()` returned for the (reassembled) Synchronize; its reply is on
-    /// the way. A new connection always brings a new Synchronize, so a daemon can reconcile here.
-    /// Wait for the reply to land (e.g. a short delay or the next event) before pushing updates.
-    Synchronized {
-        /// Pods received.
-        pods: usize,
-        /// Containers received.
-        containers: usize,
-    },
-    /// The connection is gone; in socket mode the stub reconnects and a new Synchronize follows.
-    Disconnected {
-        /// Why.
-        reason: String,
-    },
-}
-
-#[derive(Clone)]
-pub(crate) struct Notifier(broadcast::Sender<StubEvent>);
-
-impl Notifier {
-    pub(crate) fn send(&self, e: StubEvent) {
-        tracing::debug!(event = ?e, "NRI stub event");
-        let _ = self.0.send(e);
-    }
-}
 
 /// Builds a [`Stub`].
 #[derive(Default)]
@@ -148,7 +109,7 @@ impl StubBuilder {
             backoff: self
                 .backoff
                 .unwrap_or((Duration::from_millis(100), Duration::from_secs(5))),
-            notify: Notifier(tx),
+            notify: Notifier::new(tx),
             updater: Updater {
                 client: Arc::new(Mutex::new(None)),
             },
@@ -244,7 +205,7 @@ impl Stub {
 
     /// Connection events (connected, configured, synchronized, disconnected).
     pub fn subscribe(&self) -> broadcast::Receiver<StubEvent> {
-        self.notify.0.subscribe()
+        self.notify.subscribe()
     }
 
     /// Ends [`Stub::run`] / [`Stub::connect_once`]: closes the connection and stops reconnecting.

@@ -82,7 +82,7 @@ impl BootId for ProcBootId {
     }
 }
 
-/// A boot id fixed at construction: tests and the simulated node of `demo`.
+/// A boot id fixed at construction: tests and the demo's simulated node.
 #[derive(Debug, Clone)]
 pub struct FixedBootId(pub String);
 

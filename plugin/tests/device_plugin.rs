@@ -64,7 +64,7 @@ fn pools() -> Vec<PoolConfig> {
             select: ids(&["gpu5"]),
             family: FamilyConfig::Sliced {
                 slots: 8,
-                profiles: nri_accel::demo::fixtures::mig_profiles(),
+                profiles: nri_accel::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
         },
@@ -77,7 +77,7 @@ fn inventory() -> Inventory {
             let numa = i % 2;
             let local: CpuSet = if numa == 0 { "0-7" } else { "8-15" }.parse().unwrap();
             let pci = format!("0000:{:02x}:00.0", 0x18 + i * 0x10);
-            nri_accel::demo::simulated_gpu(i, numa, local, pci)
+            nri_accel::fixtures::simulated_gpu(i, numa, local, pci)
         })
         .collect();
     Inventory {

@@ -221,13 +221,16 @@ async fn a_value_of_the_wrong_type_names_its_field_and_what_is_expected() {
 }
 
 #[tokio::test]
-async fn demo_refuses_a_config_it_would_ignore() {
+async fn the_shipped_binary_has_no_demo_and_says_where_it_is() {
+    // The demo runs on simulators the shipped binary does not link (tests/demo has it, and
+    // tests/demo/tests/demo.rs checks its refusal of --config).
     let node = node_with_pools("  - name: all\n    family: { kind: exclusive }\n");
     let (st, out, err) = node.cli(&["demo"]).await;
     assert_eq!(st.code(), Some(2), "{out}{err}");
-    assert!(
-        err.contains("demo runs on its own simulated node and takes no --config"),
-        "{err}"
-    );
+    assert!(err.contains("this build has no demo"), "{err}");
+    assert!(err.contains("cargo run --release -- demo"), "{err}");
     assert!(out.is_empty(), "{out}");
+    let (st, out, err) = run_bin(&["--help".to_string()]).await;
+    assert!(st.success(), "{out}{err}");
+    assert!(!out.contains("  demo "), "{out}");
 }

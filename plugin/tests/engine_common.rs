@@ -37,7 +37,7 @@ pub fn inventory(devices: usize) -> Inventory {
         .map(|i| {
             let local: CpuSet = if i % 2 == 0 { "0-3" } else { "4-7" }.parse().unwrap();
             let pci = format!("0000:{:02x}:00.0", 0x18 + i);
-            nri_accel::demo::simulated_gpu(i, i % 2, local, pci)
+            nri_accel::fixtures::simulated_gpu(i, i % 2, local, pci)
         })
         .collect();
     Inventory {

@@ -175,6 +175,27 @@ fn every_doc_an_installed_file_points_to_is_installed() {
 }
 
 #[test]
+fn the_stock_package_ships_the_daemon_binary_alone() {
+    let (_, _, package) = deb_packages()
+        .into_iter()
+        .find(|(n, _, _)| n == "nri-accel")
+        .expect("the nri-accel package");
+    let built: Vec<&str> = package["metadata"]["deb"]["assets"]
+        .as_array()
+        .expect("assets")
+        .iter()
+        .filter_map(|a| a[0].as_str())
+        .filter(|s| s.starts_with("target/"))
+        .collect();
+    // cargo-deb reads `target/release/` as "the profile being packaged" (dist for a real .deb).
+    assert_eq!(
+        built,
+        ["target/release/nri-accel"],
+        "the .deb ships nri-accel alone: never the demo build (tests/demo) or a simulator"
+    );
+}
+
+#[test]
 fn the_short_description_is_one_line_of_a_package_list() {
     for (name, _, package) in deb_packages() {
         let short = package["description"].as_str().unwrap_or_default();

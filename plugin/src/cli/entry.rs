@@ -17,7 +17,7 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use policies::Registry;
 
-use super::{Cli, Command};
+use super::{Cli, Command, DemoFn};
 use crate::logging::LogSettings;
 
 /// Threads of the daemon's blocking pool. A commit's waiters share one leader's write (group
@@ -42,18 +42,34 @@ pub fn version_text(registry: &Registry) -> String {
 
 /// Runs the nri-accel command line with `registry` as the policies pools may name: parses the
 /// arguments, sets up logging, runs the subcommand and answers the process exit code. The stock
-/// binary is `main_with(Registry::with_builtins())`.
+/// binary is `main_with(Registry::with_builtins())`; it has no demo (`demo` says where it is).
 pub fn main_with(registry: Registry) -> ExitCode {
+    main_inner(registry, None)
+}
+
+/// The same command line with `demo` as the body of the `demo` subcommand: the demo build
+/// (tests/demo), the one place that links the simulators it runs on.
+pub fn main_with_demo(registry: Registry, demo: DemoFn) -> ExitCode {
+    main_inner(registry, Some(demo))
+}
+
+fn main_inner(registry: Registry, demo: Option<DemoFn>) -> ExitCode {
     crate::allocator::return_large_buffers();
     // Leaked once per process: clap keeps the version as a `&'static str`.
     let version: &'static str = Box::leak(version_text(&registry).into_boxed_str());
-    let matches = Cli::command().version(version).get_matches();
+    let mut command = Cli::command().version(version);
+    if demo.is_none() {
+        // Still parsed, so that `nri-accel demo` says where the demo is instead of "unknown
+        // subcommand"; not offered in the help of a build that cannot run it.
+        command = command.mut_subcommand("demo", |c| c.hide(true));
+    }
+    let matches = command.get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
     let config_given = matches.value_source("config") == Some(ValueSource::CommandLine);
-    if matches!(cli.command, Command::Demo { .. }) && config_given {
+    if matches!(cli.command, Command::Demo { .. }) && config_given && demo.is_some() {
         eprintln!(
             "nri-accel: demo runs on its own simulated node and takes no --config; run it \
              without --config (check a config with nri-accel check-config)"
@@ -119,7 +135,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
                 }
             }
         }
-        None => match runtime.block_on(super::dispatch(cli, &registry)) {
+        None => match runtime.block_on(super::dispatch(cli, &registry, demo)) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("nri-accel: {}", error_chain(&e));

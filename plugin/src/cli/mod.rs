@@ -125,9 +125,21 @@ mod table;
 
 use std::process::ExitCode;
 
+use futures::future::LocalBoxFuture;
 use policies::Registry;
 
-pub use entry::{error_chain, main_with, version_text};
+pub use entry::{error_chain, main_with, main_with_demo, version_text};
+
+/// The body of `demo`: the whole path on a simulated node, runtime and cluster with these
+/// policies (`true`: keep the temp dir). The simulators live in tests/, which the shipped binary
+/// never links, so the demo build (tests/demo) hands this to [`main_with_demo`] and the shipped
+/// one has none.
+pub type DemoFn = for<'a> fn(bool, &'a Registry) -> LocalBoxFuture<'a, anyhow::Result<ExitCode>>;
+
+/// What `demo` says in a build without one (the shipped binary), and where the demo is.
+pub const NO_DEMO: &str = "this build has no demo: the simulated runtime and node it runs on \
+                           are not shipped; from a source checkout, run it with \
+                           `cargo run --release -- demo`";
 
 use crate::config::Config;
 
@@ -155,12 +167,22 @@ pub fn load_config(path: &std::path::Path) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-/// Runs the subcommand with `registry` as the policies pools may name; the exit code says how
-/// it went.
-pub async fn dispatch(cli: Cli, registry: &Registry) -> anyhow::Result<ExitCode> {
+/// Runs the subcommand with `registry` as the policies pools may name and `demo` as the body of
+/// `demo` (none in the shipped binary); the exit code says how it went.
+pub async fn dispatch(
+    cli: Cli,
+    registry: &Registry,
+    demo: Option<DemoFn>,
+) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run => run::run(&load_config(&cli.config)?, registry).await,
-        Command::Demo { keep } => crate::demo::run(keep, registry).await,
+        Command::Demo { keep } => match demo {
+            Some(demo) => demo(keep, registry).await,
+            None => {
+                eprintln!("nri-accel: {NO_DEMO}");
+                Ok(ExitCode::from(2))
+            }
+        },
         Command::Status { json } => status::run(&cli.config, json).await,
         Command::Discover { sysfs_root, json } => {
             discover::run(&cli.config, sysfs_root, json, registry)

@@ -5,8 +5,10 @@
 //! file, the line and column, and says in one sentence what is wrong, so
 //! `nri-accel check-config` can print it as is.
 
+pub mod device_plugin;
 mod error;
 mod model;
+mod problem;
 mod spans;
 mod validate;
 mod validate_device_plugin;

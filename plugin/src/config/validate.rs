@@ -6,25 +6,8 @@ use std::path::Path;
 use policies::{Device, DeviceNode, FamilyConfig, PoolConfig};
 
 use super::Config;
-use super::spans::Step;
-
-/// One value the config must not have: where (as a path) and why.
-#[derive(Debug)]
-pub(crate) struct Problem {
-    pub path: Vec<Step>,
-    pub message: String,
-}
-
-type Checked = Result<(), Problem>;
-
-fn fail(path: Vec<Step>, message: impl Into<String>) -> Checked {
-    Err(Problem {
-        path,
-        message: message.into(),
-    })
-}
-
-use Step::{Index, Key};
+use super::problem::{Checked, fail};
+use super::spans::Step::{self, Index, Key};
 
 /// Largest accepted `claims_api.max_connections`.
 const MAX_CONNECTIONS: u32 = 65_536;
@@ -101,7 +84,7 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
         )?;
     }
     let driver = &cfg.dra.driver_name;
-    if !crate::kube::names::is_driver_name(driver) {
+    if !crate::names::is_driver_name(driver) {
         fail(
             vec![Key("dra"), Key("driver_name")],
             format!(
@@ -139,7 +122,7 @@ fn dra(cfg: &Config) -> Checked {
         )?;
     }
     let node = &cfg.kubernetes.node_name;
-    if !node.is_empty() && !crate::kube::names::is_dns_subdomain(node) {
+    if !node.is_empty() && !crate::names::is_dns_subdomain(node) {
         fail(
             vec![Key("kubernetes"), Key("node_name")],
             format!(

@@ -6,18 +6,9 @@ use std::collections::HashSet;
 use policies::FamilyConfig;
 
 use super::Config;
+use super::device_plugin::{check, resource_name_ok, resource_names, served};
+use super::problem::{Checked, fail};
 use super::spans::Step::{self, Index, Key};
-use super::validate::Problem;
-use crate::kubelet::device_plugin::{layout, resource_name_ok};
-
-type Checked = Result<(), Problem>;
-
-fn fail(path: Vec<Step>, message: impl Into<String>) -> Checked {
-    Err(Problem {
-        path,
-        message: message.into(),
-    })
-}
 
 fn at(rest: &[Step]) -> Vec<Step> {
     let mut p = vec![Key("device_plugin")];
@@ -92,12 +83,12 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
                 format!("slice layout for pool {pool_name:?}, which is not defined in pools"),
             );
         };
-        if let Err(why) = layout::check(pool, slices) {
+        if let Err(why) = check(pool, slices) {
             return fail(path, format!("slice layout of pool {pool_name:?}: {why}"));
         }
     }
-    for pool in layout::served(dp, &cfg.pools) {
-        for name in layout::resource_names(dp, pool) {
+    for pool in served(dp, &cfg.pools) {
+        for name in resource_names(dp, pool) {
             if !resource_name_ok(&name) {
                 fail(
                     at(&[Key("resource_prefix")]),

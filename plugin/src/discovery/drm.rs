@@ -6,8 +6,9 @@ use std::path::Path;
 
 use policies::DeviceNode;
 
-use super::pci::{AMD, PciCandidate, short};
+use super::pci::{AMD, PciCandidate};
 use super::scan::Scan;
+use super::warning::short;
 
 /// Host directory of the AMD kernel fusion driver.
 const KFD: &str = "/sys/class/kfd/kfd";

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use policies::{CpuSet, Device};
 
 use super::scan::Scan;
+use super::warning::short;
 
 /// Host directory of PCI devices.
 pub(crate) const PCI_DEVICES: &str = "/sys/bus/pci/devices";
@@ -220,11 +221,6 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
         vendor,
         dir: dir.to_path_buf(),
     })
-}
-
-/// At most 32 characters of a bad value, for a warning.
-pub(crate) fn short(text: &str) -> String {
-    text.trim().chars().take(32).collect()
 }
 
 impl Scan<'_> {

@@ -89,7 +89,7 @@ impl<'a> Scan<'a> {
                     Some(dev_file),
                     format!(
                         "device number {:?} of {node_path} is not major:minor",
-                        super::pci::short(&text)
+                        super::warning::short(&text)
                     ),
                 );
                 None

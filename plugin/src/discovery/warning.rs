@@ -44,3 +44,8 @@ pub enum DiscoveryError {
         path: PathBuf,
     },
 }
+
+/// At most 32 characters of a bad value, for a warning.
+pub(crate) fn short(text: &str) -> String {
+    text.trim().chars().take(32).collect()
+}

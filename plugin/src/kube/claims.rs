@@ -10,9 +10,9 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use policies::PublishedDevice;
 use serde::Serialize;
 
-use super::names::{is_dns_label, is_dns_subdomain};
 use super::opaque::{DeviceConfig, OpaqueError};
 use crate::claims_api::DraResult;
+use crate::names::{is_dns_label, is_dns_subdomain};
 
 /// Most allocation results a claim may hold (the API's limit).
 pub const MAX_RESULTS: usize = 32;

@@ -13,7 +13,6 @@ pub mod claims;
 pub mod cleanup;
 mod client;
 mod error;
-pub mod names;
 pub mod opaque;
 pub mod publisher;
 mod side;

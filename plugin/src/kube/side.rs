@@ -7,13 +7,13 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::names::is_dns_subdomain;
 use super::publisher::{PublishSource, Publisher, PublisherConfig, PublisherHandle};
 use super::{DEFAULT_CALL_TIMEOUT, KubeApi, KubeClient, KubeError, topology};
 use crate::config::Config;
 use crate::device_health::HealthReport;
 use crate::discovery::RootFs;
 use crate::engine::Engine;
+use crate::names::is_dns_subdomain;
 
 /// The running Kubernetes side.
 pub struct KubeSide {

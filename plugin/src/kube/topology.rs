@@ -83,7 +83,7 @@ mod tests {
         let gpu = |id: &str, pci: Option<&str>| policies::Device {
             id: id.into(),
             pci_address: pci.map(str::to_string),
-            ..crate::demo::simulated_gpu(0, 0, Default::default(), String::new())
+            ..crate::fixtures::simulated_gpu(0, 0, Default::default(), String::new())
         };
         let inventory = Inventory {
             devices: vec![gpu("g0", Some("0000:3b:00.0")), gpu("static", None)],

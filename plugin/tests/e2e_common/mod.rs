@@ -428,12 +428,12 @@ pub fn last_adjustment(fake: &FakeRuntime, id: &str) -> nri_proto::api::Containe
 
 /// A pod with `annotations`.
 pub fn pod(name: &str, annotations: &[(&str, &str)]) -> PodSandbox {
-    nri_accel::demo::fixtures::pod("e2e", name, annotations)
+    nri_accel::fixtures::pod("e2e", name, annotations)
 }
 
 /// A running container of `pod` carrying `cdi` device names.
 pub fn container(id: &str, pod: &PodSandbox, name: &str, cdi: &[String]) -> Container {
-    nri_accel::demo::fixtures::container(id, pod, name, cdi)
+    nri_accel::fixtures::container(id, pod, name, cdi)
 }
 
 /// The runtime creates `c` of `pod` (both made known to it first) and answers the cpuset of the
@@ -473,7 +473,7 @@ pub fn expand_cpus(list: &str) -> Vec<u32> {
 
 /// A count claim of one unit of `family` (`profile` for sliced).
 pub fn count_claim(uid: &str, family: Family, profile: Option<&str>) -> ClaimSpec {
-    nri_accel::demo::fixtures::count_claim("e2e", uid, family, profile)
+    nri_accel::fixtures::count_claim("e2e", uid, family, profile)
 }
 
 /// A reference to claim `uid` for Unprepare.

@@ -24,7 +24,7 @@ pub fn gpu(id: &str, numa: u32) -> Device {
     Device {
         id: id.into(),
         pci_address: None,
-        ..nri_accel::demo::simulated_gpu(0, numa, Default::default(), String::new())
+        ..nri_accel::fixtures::simulated_gpu(0, numa, Default::default(), String::new())
     }
 }
 

@@ -145,7 +145,7 @@ impl Rig {
     /// The node with the gate still closed.
     pub async fn closed() -> Rig {
         let dir = tempfile::Builder::new().prefix("dra-").tempdir().unwrap();
-        let config = nri_accel::demo::config(dir.path());
+        let config = nri_accel::fixtures::config(dir.path());
         let found = nri_accel::discovery::discover_root(&config.discovery).unwrap();
         let inventory = found.inventory.clone();
         let node = Node::new(found.inventory, &config.pools, &Registry::with_builtins()).unwrap();

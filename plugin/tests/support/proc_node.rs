@@ -17,7 +17,7 @@ pub fn gpu(i: u32, numa: u32) -> Device {
         .parse()
         .unwrap_or_default();
     let pci = format!("0000:{:02x}:{:02x}.0", 0x18 + i / 32, i % 32);
-    nri_accel::demo::simulated_gpu(i, numa, local, pci)
+    nri_accel::fixtures::simulated_gpu(i, numa, local, pci)
 }
 
 fn select(ids: impl Iterator<Item = u32>) -> DeviceSelector {
@@ -93,7 +93,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             select: select(s..total),
             family: FamilyConfig::Sliced {
                 slots: 8,
-                profiles: nri_accel::demo::fixtures::mig_profiles(),
+                profiles: nri_accel::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
         });

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use policies::{Device as Inventoried, FamilyConfig, PoolConfig, PublishedDevice};
 
 use super::limits::{MAX_ATTRIBUTE_STRING, MAX_COUNTERS_PER_SET};
-use crate::kube::names::{is_dns_label, truncate};
+use crate::names::{is_dns_label, truncate};
 
 /// The standard attribute naming a device's PCIe root complex.
 pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";

@@ -20,7 +20,7 @@ use super::limits::{
     MAX_OBJECT_NAME,
 };
 use super::{Entry, PoolContent};
-use crate::kube::names::{is_dns_subdomain, short_hash, truncate};
+use crate::names::{is_dns_subdomain, short_hash, truncate};
 
 /// What one slice holds: devices or counter sets, never both.
 #[derive(Debug, Clone, PartialEq)]

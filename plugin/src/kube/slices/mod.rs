@@ -29,7 +29,7 @@ use serde::Serialize;
 pub use device::PCIE_ROOT;
 use device::{DeviceFacts, Shape};
 
-use super::names::is_dns_label;
+use crate::names::is_dns_label;
 
 /// What the API server accepts, as learned by probing it and reading back writes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -16,7 +16,7 @@ fn gpu(id: &str, numa: u32) -> Device {
     let pci = format!("0000:{id}:00.0");
     Device {
         id: id.into(),
-        ..crate::demo::simulated_gpu(0, numa, Default::default(), pci)
+        ..crate::fixtures::simulated_gpu(0, numa, Default::default(), pci)
     }
 }
 
@@ -408,7 +408,7 @@ fn slice_names_stay_within_253_characters() {
     for node in [long.as_str(), &"n".repeat(63), "n1"] {
         let name = layout::slice_name(node, "accel.nri.io", 12);
         assert!(name.len() <= MAX_OBJECT_NAME);
-        assert!(crate::kube::names::is_dns_subdomain(&name), "{name}");
+        assert!(crate::names::is_dns_subdomain(&name), "{name}");
     }
     assert_eq!(
         layout::slice_name("n1", "accel.nri.io", 0),

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 use policies::{FamilyConfig, Node, PoolConfig, Unit};
 
-use crate::config::{DevicePluginConfig, SliceAt};
+use crate::config::DevicePluginConfig;
+use crate::config::device_plugin::{profiles, resource_names, sanitize, served};
 
 /// One advertised device: a unit of a device of the resource's pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,113 +69,6 @@ impl Resource {
             .find(|a| a.device_id == device_id && a.unit == *unit)
             .map(|a| a.id.as_str())
     }
-}
-
-/// Keeps `[A-Za-z0-9_.-]` and turns everything else into `-`.
-fn sanitize(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect()
-}
-
-/// The distinct profiles of a layout, in first-use order.
-fn profiles(slices: &[SliceAt]) -> Vec<&str> {
-    let mut out: Vec<&str> = Vec::new();
-    for s in slices {
-        if !out.contains(&s.profile.as_str()) {
-            out.push(&s.profile);
-        }
-    }
-    out
-}
-
-/// The resource names a served pool gets.
-pub fn resource_names(cfg: &DevicePluginConfig, pool: &PoolConfig) -> Vec<String> {
-    let base = format!("{}/{}", cfg.resource_prefix, pool.name);
-    match cfg.slice_layouts.get(&pool.name) {
-        Some(slices) if profiles(slices).len() > 1 => profiles(slices)
-            .into_iter()
-            .map(|p| format!("{base}-{}", sanitize(p)))
-            .collect(),
-        _ => vec![base],
-    }
-}
-
-/// Checks a static slice layout against its pool: the pool is sliced, the layout names only its
-/// profiles at their allowed start slots, and no two slices overlap. The error says which.
-pub fn check(pool: &PoolConfig, slices: &[SliceAt]) -> Result<(), String> {
-    let FamilyConfig::Sliced {
-        slots,
-        profiles: defined,
-    } = &pool.family
-    else {
-        return Err(format!(
-            "the pool is of family {}, and only sliced pools have a slice layout",
-            pool.family.kind()
-        ));
-    };
-    if slices.is_empty() {
-        return Err("the layout names no slice; remove it to advertise whole devices".into());
-    }
-    let mut taken: Vec<Option<&SliceAt>> = vec![None; *slots as usize];
-    for s in slices {
-        let Some(p) = defined.iter().find(|p| p.name == s.profile) else {
-            let names: Vec<&str> = defined.iter().map(|p| p.name.as_str()).collect();
-            return Err(format!(
-                "profile {} is not defined in the pool (it defines {})",
-                s.profile,
-                names.join(", ")
-            ));
-        };
-        if !p.starts.contains(&s.start) {
-            return Err(format!(
-                "profile {} may not start at slot {} (allowed: {})",
-                s.profile,
-                s.start,
-                p.starts
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        let end = u64::from(s.start) + u64::from(p.size);
-        if end > u64::from(*slots) {
-            return Err(format!(
-                "slice {}@{} runs past the device's {slots} slots",
-                s.profile, s.start
-            ));
-        }
-        for slot in s.start..s.start + p.size {
-            if let Some(other) = taken[slot as usize].replace(s) {
-                return Err(format!(
-                    "slices {}@{} and {}@{} overlap at slot {slot}; the device plugin API cannot express overlapping slices",
-                    other.profile, other.start, s.profile, s.start
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The pools served: those listed, else every pool of a built-in family.
-pub fn served<'a>(cfg: &'a DevicePluginConfig, pools: &'a [PoolConfig]) -> Vec<&'a PoolConfig> {
-    pools
-        .iter()
-        .filter(|p| {
-            if cfg.pools.is_empty() {
-                !matches!(p.family, FamilyConfig::Custom { .. })
-            } else {
-                cfg.pools.contains(&p.name)
-            }
-        })
-        .collect()
 }
 
 /// The resources and the devices each advertises, for the pools of `pools` that `cfg` serves,
@@ -250,6 +144,8 @@ pub fn plan(cfg: &DevicePluginConfig, pools: &[PoolConfig], node: &Node) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::SliceAt;
+    use crate::config::device_plugin::check;
     use policies::{Device, Inventory, ProfileConfig, Registry};
 
     fn gpu(id: &str, numa: u32) -> Device {

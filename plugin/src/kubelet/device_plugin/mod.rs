@@ -23,19 +23,3 @@ pub mod status;
 
 pub use error::DevicePluginError;
 pub use plugins::{DevicePlugins, Registration};
-
-/// Whether `name` is a valid extended resource name: `<DNS subdomain>/<name>`, the name 1 to 63
-/// characters of `[A-Za-z0-9_.-]` starting and ending with a letter or digit.
-pub fn resource_name_ok(name: &str) -> bool {
-    let Some((prefix, tail)) = name.split_once('/') else {
-        return false;
-    };
-    let b = tail.as_bytes();
-    !prefix.is_empty()
-        && !b.is_empty()
-        && b.len() <= 63
-        && b.first().is_some_and(u8::is_ascii_alphanumeric)
-        && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}

@@ -26,6 +26,7 @@
 mod faults;
 mod gates;
 mod http;
+mod resources;
 mod routes;
 mod selectors;
 mod status;
@@ -43,7 +44,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use gates::Gates;
-pub use routes::{DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource};
+pub use resources::{DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource};
 pub use status::ApiError;
 pub use store::Writes;
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::gates::{Gates, drop_disabled_slice_fields};
-use super::routes::{RESOURCE_SLICES, Resource};
+use super::resources::{RESOURCE_SLICES, Resource};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::validate;

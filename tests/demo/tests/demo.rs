@@ -1,15 +1,24 @@
-//! `nri-accel demo` runs the whole path from a fresh state and exits 0: the claims API, the
-//! annotation path and the Kubernetes DRA path (slices, scheduler, kubelet).
+//! The demo build's `demo` (what `cargo run --release -- demo` runs) goes the whole path from a
+//! fresh state and exits 0: the claims API, the annotation path and the Kubernetes DRA path
+//! (slices, scheduler, kubelet); it explains each step in words, without Rust Debug forms.
 
 use std::process::Command;
 
+/// The demo build of the nri-accel command line.
+const DEMO: &str = env!("CARGO_BIN_EXE_nri-accel-demo");
+
+/// Text that only a Rust Debug form puts in a message (as plugin/tests/e2e_messages.rs checks
+/// for the shipped binary's messages).
+const DEBUG_FORMS: [&str; 5] = ["Some(", "Ok(", "Err(", "{ ", "special_fields"];
+
 #[test]
 fn demo_completes_and_shows_cdi_ids_and_an_adjustment_on_both_paths() {
-    let out = Command::new(env!("CARGO_BIN_EXE_nri-accel"))
+    let out = Command::new(DEMO)
         .arg("demo")
         .env_remove("RUST_LOG")
+        .env_remove("NRI_ACCEL_CONFIG")
         .output()
-        .expect("run nri-accel demo");
+        .expect("run the demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
@@ -59,4 +68,14 @@ fn demo_completes_and_shows_cdi_ids_and_an_adjustment_on_both_paths() {
     assert!(dra.contains("NodeUnprepareResources: released"), "{dra}");
     assert!(stdout.contains("demo complete"), "{stdout}");
     assert!(!stderr.contains("panicked"), "{stderr}");
+    let words = format!("{stdout}{stderr}");
+    let debug: Vec<&str> = words
+        .lines()
+        .filter(|l| DEBUG_FORMS.iter().any(|f| l.contains(f)))
+        .collect();
+    assert!(
+        debug.is_empty(),
+        "Debug forms in the demo's text:\n{}",
+        debug.join("\n")
+    );
 }

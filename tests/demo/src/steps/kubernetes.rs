@@ -13,9 +13,11 @@ use kube_sim::kubelet::{DraClient, PluginWatcher};
 use kube_sim::scheduler::{self, DeviceRequest};
 use serde_json::Value;
 
-use super::{WAIT, fixtures, pod, show_adjustment};
-use crate::claims_api::ClaimsClient;
-use crate::config::Config;
+use nri_accel::claims_api::ClaimsClient;
+use nri_accel::config::Config;
+use nri_accel::fixtures;
+
+use super::{WAIT, pod, show_adjustment};
 
 /// The demo node's name in the simulated cluster (and so its DRA pool's).
 const NODE: &str = "demo-node";

@@ -3,7 +3,6 @@
 //! the same version. A dependency update that needs a newer Rust fails here, naming it, instead
 //! of failing on a user's older toolchain with a message about that crate.
 
-use std::path::Path;
 use std::process::Command;
 
 /// `1.89` or `1.88.0` as comparable numbers.
@@ -40,7 +39,7 @@ fn host_triple(cargo_rustc: &str) -> String {
 
 #[test]
 fn the_workspace_rust_version_covers_every_locked_dependency() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = repo_checks::root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     // Only what builds on this platform: a Windows-only crate's rust-version does not bind us.

@@ -1,4 +1,6 @@
-//! Kubernetes name rules the DRA side checks before it sends or trusts a name.
+//! Kubernetes name rules: the config checks its driver and node names with them, and the DRA side
+//! (kube/) every name before it sends or trusts one. Beside config and kube rather than in either,
+//! so the config needs nothing of the Kubernetes side.
 
 /// Whether `s` is a DNS label (RFC 1123): 1 to 63 of `[a-z0-9-]`, alphanumeric at both ends.
 /// Namespaces and DRA device names are labels.

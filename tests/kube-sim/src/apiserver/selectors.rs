@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::routes::Resource;
+use super::resources::Resource;
 use super::status::ApiError;
 
 /// One requirement of a label selector.
@@ -155,7 +155,7 @@ impl FieldSelector {
 
 #[cfg(test)]
 mod tests {
-    use super::super::routes::RESOURCE_SLICES;
+    use super::super::resources::RESOURCE_SLICES;
     use super::*;
     use serde_json::json;
 

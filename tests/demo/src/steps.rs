@@ -1,10 +1,8 @@
-//! `nri-accel demo`: the whole path on an embedded simulated node, runtime and Kubernetes
+//! The demo's steps: the whole path on an embedded simulated node, runtime and Kubernetes
 //! (kube-sim's API server, scheduler and kubelet), over real sockets in a temp dir, explained
 //! step by step.
 
-pub mod fixtures;
 mod kubernetes;
-mod node;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,14 +12,13 @@ use anyhow::{Context, bail};
 use fake_runtime::FakeRuntime;
 use nri_proto::api::PodSandbox;
 
-use crate::claims_api::{ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, DraResult, Family};
-use crate::engine::{CrashPoint, HookAction};
 use kube_sim::kubelet::DevicePluginKubelet;
+use nri_accel::claims_api::{ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, DraResult, Family};
+use nri_accel::engine::{CrashPoint, HookAction};
+use nri_accel::fixtures::{self, config};
 
 /// The device plugin resource of the demo's pool `whole`.
 const DP_WHOLE: &str = "accel.nri.io/whole";
-
-pub use node::{config, simulated_gpu};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -121,9 +118,9 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         "nginx",
         &[],
     ));
-    let daemon = crate::daemon::Daemon::start(
+    let daemon = nri_accel::daemon::Daemon::start(
         &cfg,
-        crate::daemon::DaemonOptions {
+        nri_accel::daemon::DaemonOptions {
             boot_id: Some("demo-boot".into()),
             registry: registry.clone(),
             ..Default::default()
@@ -255,7 +252,10 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
 
     step(7, "status");
     let report = client.status().await?;
-    print!("{}", indent(&crate::cli::status::render(&report.document)));
+    print!(
+        "{}",
+        indent(&nri_accel::cli::status::render(&report.document))
+    );
 
     step(
         8,
@@ -339,16 +339,16 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         }
     }));
     daemon.shutdown().await;
-    let crash: crate::engine::CrashHook = Arc::new(|p| {
+    let crash: nri_accel::engine::CrashHook = Arc::new(|p| {
         if p == CrashPoint::AfterSpecTemp {
             HookAction::Die
         } else {
             HookAction::Continue
         }
     });
-    let dying = crate::daemon::Daemon::start(
+    let dying = nri_accel::daemon::Daemon::start(
         &cfg,
-        crate::daemon::DaemonOptions {
+        nri_accel::daemon::DaemonOptions {
             boot_id: Some("demo-boot".into()),
             crash: Some(crash),
             registry: registry.clone(),
@@ -372,9 +372,9 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         list_specs(&cfg.cdi.dir)
     );
     dying.shutdown().await;
-    let restarted = crate::daemon::Daemon::start(
+    let restarted = nri_accel::daemon::Daemon::start(
         &cfg,
-        crate::daemon::DaemonOptions {
+        nri_accel::daemon::DaemonOptions {
             boot_id: Some("demo-boot".into()),
             registry: registry.clone(),
             ..Default::default()

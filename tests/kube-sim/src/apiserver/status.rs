@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::routes::Resource;
+use super::resources::Resource;
 
 /// Why a request failed, with what the `Status` body says.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
