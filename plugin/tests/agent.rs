@@ -377,3 +377,38 @@ async fn the_claims_of_containers_gone_while_away_are_released_after_the_answer(
     // The bystander gets its CPUs back through a pending update.
     assert_eq!(agent.engine().pending_updates(), 1);
 }
+
+/// Two containers created with the CDI devices of a claim whose record was lost (the way out of
+/// a refused start) run on gpu1, which nothing holds: it is adopted for the first, and the second
+/// counts among the adopted claim's users, so the claim is handed over to it, not released, when
+/// the first goes (issue 25; the model found the release).
+#[tokio::test]
+async fn containers_naming_a_lost_claim_hold_its_adopted_device_until_the_last_goes() {
+    let d = dirs();
+    let agent = agent(&d, 0);
+    let views: Vec<ContainerView> = ["c-1", "c-2"]
+        .iter()
+        .map(|id| ContainerView {
+            cdi_devices: vec!["accel.nri.io/device=claim-lost-0".into()],
+            ..view(id, "app", &[], &[(195, 1)])
+        })
+        .collect();
+    agent.synchronize(&views).await;
+    let held = holders(&agent, "gpu1");
+    assert_eq!(held.len(), 1, "adopted once: {held:?}");
+    let engine = agent.engine().clone();
+    agent.remove_container("c-1").await.unwrap();
+    assert_eq!(holders(&agent, "gpu1"), held, "c-2 still uses gpu1");
+    let owner = engine
+        .origin_of(&held[0])
+        .and_then(|o| o.container().map(str::to_string));
+    assert_eq!(owner.as_deref(), Some("c-2"));
+    let err = engine
+        .prepare(claim_for("thief", "gpu1"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("gpu1"), "{err}");
+    agent.remove_container("c-2").await.unwrap();
+    assert!(holders(&agent, "gpu1").is_empty());
+    engine.prepare(claim_for("next", "gpu1")).await.unwrap();
+}

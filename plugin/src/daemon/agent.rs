@@ -174,7 +174,14 @@ impl Agent {
 
     /// Claims a container holds: those its CDI names grant, those it owns (`owned`), and, for a
     /// device of ours it has the nodes of that none of those holds, the device's holders when the
-    /// runtime reports no CDI names to tell them apart (NRI before v0.10).
+    /// runtime reports no CDI names to tell them apart (NRI before v0.10), or else the adopted
+    /// claims among them.
+    ///
+    /// An adopted claim holds a device for every running container that uses it. A container
+    /// whose CDI names name a claim that does not hold the device it has (the claim's record
+    /// was lost, or it was released while nri-accel was away) is such a user: mapped to the
+    /// adopted claim, it is where the claim is handed over when the container the device was
+    /// adopted for goes, instead of the device being released under it.
     fn claims_of(&self, c: &ContainerView, owned: &[String]) -> BTreeSet<String> {
         let mut claims: BTreeSet<String> = c
             .cdi_devices
@@ -182,6 +189,7 @@ impl Agent {
             .filter_map(|n| claim_of_cdi_name(&self.settings.cdi_kind, n))
             .collect();
         claims.extend(owned.iter().cloned());
+        let mut others = Vec::new();
         self.engine.with_node(|node| {
             for (major, minor) in &c.device_nodes {
                 let Some(dev) = node.device_by_node(*major, *minor) else {
@@ -193,9 +201,14 @@ impl Agent {
                 }
                 if c.cdi_devices.is_empty() {
                     claims.extend(holders);
+                } else {
+                    others.extend(holders);
                 }
             }
         });
+        claims.extend(others.into_iter().filter(|h| {
+            matches!(self.engine.origin_of(h), Some(Origin::Adopted { .. }))
+        }));
         claims
     }
 
