@@ -592,9 +592,9 @@ impl Engine {
         Ok(updates)
     }
 
-    /// Releases a claim: its record's removal is committed, the policy releases
-    /// it, the container updates are pushed, and its spec is removed. An unknown
-    /// claim is success (any stray spec of it is removed).
+    /// Releases a claim: its spec is removed, then its record's removal is committed with the
+    /// policy's release, and the container updates are pushed. An unknown claim is success (any
+    /// stray spec of it is removed).
     pub async fn unprepare(&self, uid: &str) -> Result<(), EngineError> {
         check_uid(uid)?;
         let _claim = self.claims.lock(uid).await;
@@ -623,7 +623,26 @@ impl Engine {
         self.unprepare_locked(uid).await
     }
 
+    /// The spec goes before the release: a runtime that is not connected to nri-accel (restarting,
+    /// or between its restart and its Synchronize) starts containers from any spec on disk
+    /// without asking, so a spec that outlived its claim's release could start a container on
+    /// devices the next claim already holds. A crash between the two leaves a record without a
+    /// spec, which the next start rolls back; a spec that cannot be removed leaves the claim
+    /// held.
     async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
+        let specs = self.specs.clone();
+        let id = uid.to_string();
+        match blocking(uid, move || specs.remove(&id)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => {
+                return Err(EngineError::Spec {
+                    then: Then::NotReleased,
+                    claim: uid.to_string(),
+                    source,
+                });
+            }
+            Err(e) => return Err(self.crash_or(e)),
+        }
         let held = self.state().node.allocation(uid).is_some();
         if held {
             let updates = self.release_committed(uid).await?;
@@ -634,17 +653,7 @@ impl Engine {
             }
             self.step(CrashPoint::AfterUpdatePush)?;
         }
-        let specs = self.specs.clone();
-        let id = uid.to_string();
-        match blocking(uid, move || specs.remove(&id)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(EngineError::Spec {
-                then: Then::NotReleased,
-                claim: uid.to_string(),
-                source,
-            }),
-            Err(e) => Err(self.crash_or(e)),
-        }
+        Ok(())
     }
 
     async fn commit(
