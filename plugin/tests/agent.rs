@@ -412,3 +412,48 @@ async fn containers_naming_a_lost_claim_hold_its_adopted_device_until_the_last_g
     assert!(holders(&agent, "gpu1").is_empty());
     engine.prepare(claim_for("next", "gpu1")).await.unwrap();
 }
+
+/// An Unprepare that found no user races the Synchronize that brings a container started from
+/// the claim's spec while nri-accel was away: the Synchronize waits for the claim's lock, so the
+/// device the release frees is adopted for the container, never left free under it for the next
+/// claim (issue 25; the model found the release between the adoption and the mapping).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronize_during_an_unprepare_adopts_what_the_release_frees() {
+    use std::sync::Mutex;
+    use std::time::Duration;
+    let d = dirs();
+    let agent = Arc::new(agent(&d, 0));
+    let engine = agent.engine().clone();
+    engine.prepare(claim_for("c1", "gpu1")).await.unwrap();
+    let started = ContainerView {
+        cdi_devices: vec!["accel.nri.io/device=claim-c1-0".into()],
+        ..view("ctr", "app", &[], &[(195, 1)])
+    };
+    let sync = Arc::new(Mutex::new(None));
+    let (a, s) = (agent.clone(), sync.clone());
+    engine
+        .unprepare_unused("c1", move || {
+            // No user known: now the runtime comes back and synchronizes.
+            let (done, finished) = std::sync::mpsc::channel();
+            let task = tokio::runtime::Handle::current().spawn(async move {
+                a.synchronize(&[started]).await;
+                let _ = done.send(());
+            });
+            *s.lock().unwrap() = Some(task);
+            // Unless it waits for the claim's lock, the Synchronize ends before the release.
+            let _ = finished.recv_timeout(Duration::from_millis(500));
+            Vec::new()
+        })
+        .await
+        .unwrap();
+    let task = sync.lock().unwrap().take().unwrap();
+    task.await.unwrap();
+    let held = holders(&agent, "gpu1");
+    assert_eq!(held.len(), 1, "gpu1 held for the running container: {held:?}");
+    assert!(held[0].starts_with("adopted-"), "{held:?}");
+    let err = engine
+        .prepare(claim_for("thief", "gpu1"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("gpu1"), "{err}");
+}

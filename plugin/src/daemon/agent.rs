@@ -313,8 +313,29 @@ impl Agent {
     /// [`Agent::release_gone`], which may run after the answer.
     pub async fn synchronize(&self, views: &[ContainerView]) -> Synced {
         let live: BTreeSet<String> = views.iter().map(|c| c.id.clone()).collect();
+        // The claims the running containers name are locked from before the adoption plan until
+        // every container is mapped, as CreateContainer locks them: an Unprepare that found no
+        // user before this Synchronize (one of these containers started while nri-accel was
+        // away) releases before the plan is made, which then adopts the device it freed; one
+        // that asks after finds the containers mapped and is refused. Without the locks, a
+        // release between the two left the device free under a running container.
+        let named: BTreeSet<String> = views
+            .iter()
+            .flat_map(|c| &c.cdi_devices)
+            .filter_map(|n| claim_of_cdi_name(&self.settings.cdi_kind, n))
+            .collect();
+        let mut locks = BTreeMap::new();
+        for uid in named {
+            let guard = self.engine.lock_claim(&uid).await;
+            locks.insert(uid, guard);
+        }
         self.containers().retain(&live);
         let plan = self.adoption_plan(views, &self.owners());
+        for (container, device) in &plan {
+            // Adoption takes the adopted claim's lock (a container naming that claim's CDI
+            // devices is all that would have it locked here).
+            locks.remove(&crate::engine::adopted_claim_uid(container, device));
+        }
         let adopted = futures::future::join_all(
             plan.iter()
                 .map(|(container, device)| self.engine.adopt(container, device)),
@@ -329,14 +350,15 @@ impl Agent {
         let owners = self.owners();
         let none = Vec::new();
         let mut updates = Vec::new();
+        let mut mapped = Vec::with_capacity(views.len());
         for c in views {
             let claims = self.claims_of(c, owners.by_container.get(&c.id).unwrap_or(&none));
             let claim_list: Vec<String> = claims.iter().cloned().collect();
             let (adjustment, _) = self
                 .engine
                 .container_started(&c.id, &claim_list, &c.placement);
-            self.device_plugin_used(c, &claim_list).await;
             self.containers().set(c, claims, true);
+            mapped.push(claim_list);
             // The adjustment holds only what changes: a container already where it belongs
             // gets no update (every update is a cgroup write in the runtime).
             if adjustment.cpus.is_some() || adjustment.mems.is_some() {
@@ -346,6 +368,12 @@ impl Agent {
                     mems: adjustment.mems.unwrap_or_default(),
                 });
             }
+        }
+        // Mapped: an Unprepare now sees the containers. Recording a device plugin claim's user
+        // takes that claim's lock itself.
+        drop(locks);
+        for (c, claim_list) in views.iter().zip(&mapped) {
+            self.device_plugin_used(c, claim_list).await;
         }
         self.report_unmet(views);
         // Synchronize recomputed every cpuset: older pending updates are superseded.
