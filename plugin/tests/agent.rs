@@ -432,7 +432,7 @@ async fn a_synchronize_during_an_unprepare_adopts_what_the_release_frees() {
     let sync = Arc::new(Mutex::new(None));
     let (a, s) = (agent.clone(), sync.clone());
     engine
-        .unprepare_unused("c1", move || {
+        .unprepare_unused("c1", || true, move || {
             // No user known: now the runtime comes back and synchronizes.
             let (done, finished) = std::sync::mpsc::channel();
             let task = tokio::runtime::Handle::current().spawn(async move {
@@ -456,4 +456,65 @@ async fn a_synchronize_during_an_unprepare_adopts_what_the_release_frees() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("gpu1"), "{err}");
+}
+
+fn claims_api_spec(uid: &str, device: &str) -> nri_accel::claims_api::ClaimSpec {
+    use nri_accel::claims_api::{ClaimAsk, ClaimSpec, DraResult};
+    ClaimSpec {
+        uid: uid.into(),
+        namespace: "ns".into(),
+        name: uid.into(),
+        ask: ClaimAsk::Results(vec![DraResult {
+            request: "gpu".into(),
+            driver: "accel.nri.io".into(),
+            pool: "gpus".into(),
+            device: format!("gpus-{device}"),
+            share_id: None,
+        }]),
+    }
+}
+
+/// A Prepare or Unprepare the claims API admitted while the gate was open that reaches its claim
+/// after the gate closed (the NRI connection was lost) changes nothing: nri-accel no longer knows
+/// the running containers, one of which may use a device nothing holds until the next
+/// Synchronize adopts it (issue 25; the model found a Prepare admitted before a disconnect taking
+/// a device an Unprepare had freed under a container started meanwhile).
+#[tokio::test]
+async fn claims_api_requests_reaching_their_claim_after_the_gate_closed_change_nothing() {
+    use nri_accel::claims_api::{ClaimRef, ClaimService};
+    use nri_accel::daemon::ClaimsFacade;
+    use nri_accel::gate::Gate;
+    use nri_accel::metrics::Metrics;
+    let d = dirs();
+    let agent = Arc::new(agent(&d, 0));
+    let gate = Gate::new();
+    gate.open();
+    let facade = ClaimsFacade::new(agent.clone(), Arc::new(Metrics::new())).with_gate(gate.clone());
+    let held = facade.prepare(vec![claims_api_spec("kept", "gpu0")]).await;
+    assert!(held["kept"].is_ok(), "{held:?}");
+    // The API admitted these before the gate closed; they reach the engine after.
+    gate.close();
+    let prepared = facade.prepare(vec![claims_api_spec("late", "gpu1")]).await;
+    let err = prepared["late"].as_ref().unwrap_err();
+    assert!(err.contains("connection to the container runtime was lost"), "{err}");
+    let unprepared = facade
+        .unprepare(vec![ClaimRef {
+            uid: "kept".into(),
+            namespace: "ns".into(),
+            name: "kept".into(),
+        }])
+        .await;
+    let err = unprepared["kept"].as_ref().unwrap_err();
+    assert!(err.contains("nothing was changed: retry"), "{err}");
+    let claims: Vec<String> = agent
+        .engine()
+        .claims()
+        .into_iter()
+        .map(|(a, _)| a.claim_uid)
+        .collect();
+    assert_eq!(claims, vec!["kept"]);
+    assert_eq!(spec_uids(&d), vec!["kept"]);
+    // Once the runtime synchronized the retries go through.
+    gate.open();
+    assert!(facade.prepare(vec![claims_api_spec("late", "gpu1")]).await["late"].is_ok());
 }
