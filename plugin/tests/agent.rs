@@ -432,24 +432,32 @@ async fn a_synchronize_during_an_unprepare_adopts_what_the_release_frees() {
     let sync = Arc::new(Mutex::new(None));
     let (a, s) = (agent.clone(), sync.clone());
     engine
-        .unprepare_unused("c1", || true, move || {
-            // No user known: now the runtime comes back and synchronizes.
-            let (done, finished) = std::sync::mpsc::channel();
-            let task = tokio::runtime::Handle::current().spawn(async move {
-                a.synchronize(&[started]).await;
-                let _ = done.send(());
-            });
-            *s.lock().unwrap() = Some(task);
-            // Unless it waits for the claim's lock, the Synchronize ends before the release.
-            let _ = finished.recv_timeout(Duration::from_millis(500));
-            Vec::new()
-        })
+        .unprepare_unused(
+            "c1",
+            || true,
+            move || {
+                // No user known: now the runtime comes back and synchronizes.
+                let (done, finished) = std::sync::mpsc::channel();
+                let task = tokio::runtime::Handle::current().spawn(async move {
+                    a.synchronize(&[started]).await;
+                    let _ = done.send(());
+                });
+                *s.lock().unwrap() = Some(task);
+                // Unless it waits for the claim's lock, the Synchronize ends before the release.
+                let _ = finished.recv_timeout(Duration::from_millis(500));
+                Vec::new()
+            },
+        )
         .await
         .unwrap();
     let task = sync.lock().unwrap().take().unwrap();
     task.await.unwrap();
     let held = holders(&agent, "gpu1");
-    assert_eq!(held.len(), 1, "gpu1 held for the running container: {held:?}");
+    assert_eq!(
+        held.len(),
+        1,
+        "gpu1 held for the running container: {held:?}"
+    );
     assert!(held[0].starts_with("adopted-"), "{held:?}");
     let err = engine
         .prepare(claim_for("thief", "gpu1"))
@@ -496,7 +504,10 @@ async fn claims_api_requests_reaching_their_claim_after_the_gate_closed_change_n
     gate.close();
     let prepared = facade.prepare(vec![claims_api_spec("late", "gpu1")]).await;
     let err = prepared["late"].as_ref().unwrap_err();
-    assert!(err.contains("connection to the container runtime was lost"), "{err}");
+    assert!(
+        err.contains("connection to the container runtime was lost"),
+        "{err}"
+    );
     let unprepared = facade
         .unprepare(vec![ClaimRef {
             uid: "kept".into(),

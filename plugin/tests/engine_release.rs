@@ -84,7 +84,11 @@ async fn an_unprepare_removes_the_spec_before_it_releases_the_claim() {
     let (engine, _) = open_with(&d, 2, 2, Some(hook)).unwrap();
     assert_eq!(spec_uids(&d), vec!["victim"]);
     engine.unprepare("victim").await.unwrap();
-    assert_eq!(*at_release.lock().unwrap(), Some(0), "spec files at the release");
+    assert_eq!(
+        *at_release.lock().unwrap(),
+        Some(0),
+        "spec files at the release"
+    );
     assert!(engine.claims().is_empty());
 }
 

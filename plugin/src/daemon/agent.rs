@@ -206,9 +206,11 @@ impl Agent {
                 }
             }
         });
-        claims.extend(others.into_iter().filter(|h| {
-            matches!(self.engine.origin_of(h), Some(Origin::Adopted { .. }))
-        }));
+        claims.extend(
+            others
+                .into_iter()
+                .filter(|h| matches!(self.engine.origin_of(h), Some(Origin::Adopted { .. }))),
+        );
         claims
     }
 
