@@ -377,3 +377,155 @@ async fn the_claims_of_containers_gone_while_away_are_released_after_the_answer(
     // The bystander gets its CPUs back through a pending update.
     assert_eq!(agent.engine().pending_updates(), 1);
 }
+
+/// Two containers created with the CDI devices of a claim whose record was lost (the way out of
+/// a refused start) run on gpu1, which nothing holds: it is adopted for the first, and the second
+/// counts among the adopted claim's users, so the claim is handed over to it, not released, when
+/// the first goes (issue 25; the model found the release).
+#[tokio::test]
+async fn containers_naming_a_lost_claim_hold_its_adopted_device_until_the_last_goes() {
+    let d = dirs();
+    let agent = agent(&d, 0);
+    let views: Vec<ContainerView> = ["c-1", "c-2"]
+        .iter()
+        .map(|id| ContainerView {
+            cdi_devices: vec!["accel.nri.io/device=claim-lost-0".into()],
+            ..view(id, "app", &[], &[(195, 1)])
+        })
+        .collect();
+    agent.synchronize(&views).await;
+    let held = holders(&agent, "gpu1");
+    assert_eq!(held.len(), 1, "adopted once: {held:?}");
+    let engine = agent.engine().clone();
+    agent.remove_container("c-1").await.unwrap();
+    assert_eq!(holders(&agent, "gpu1"), held, "c-2 still uses gpu1");
+    let owner = engine
+        .origin_of(&held[0])
+        .and_then(|o| o.container().map(str::to_string));
+    assert_eq!(owner.as_deref(), Some("c-2"));
+    let err = engine
+        .prepare(claim_for("thief", "gpu1"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("gpu1"), "{err}");
+    agent.remove_container("c-2").await.unwrap();
+    assert!(holders(&agent, "gpu1").is_empty());
+    engine.prepare(claim_for("next", "gpu1")).await.unwrap();
+}
+
+/// An Unprepare that found no user races the Synchronize that brings a container started from
+/// the claim's spec while nri-accel was away: the Synchronize waits for the claim's lock, so the
+/// device the release frees is adopted for the container, never left free under it for the next
+/// claim (issue 25; the model found the release between the adoption and the mapping).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronize_during_an_unprepare_adopts_what_the_release_frees() {
+    use std::sync::Mutex;
+    use std::time::Duration;
+    let d = dirs();
+    let agent = Arc::new(agent(&d, 0));
+    let engine = agent.engine().clone();
+    engine.prepare(claim_for("c1", "gpu1")).await.unwrap();
+    let started = ContainerView {
+        cdi_devices: vec!["accel.nri.io/device=claim-c1-0".into()],
+        ..view("ctr", "app", &[], &[(195, 1)])
+    };
+    let sync = Arc::new(Mutex::new(None));
+    let (a, s) = (agent.clone(), sync.clone());
+    engine
+        .unprepare_unused(
+            "c1",
+            || true,
+            move || {
+                // No user known: now the runtime comes back and synchronizes.
+                let (done, finished) = std::sync::mpsc::channel();
+                let task = tokio::runtime::Handle::current().spawn(async move {
+                    a.synchronize(&[started]).await;
+                    let _ = done.send(());
+                });
+                *s.lock().unwrap() = Some(task);
+                // Unless it waits for the claim's lock, the Synchronize ends before the release.
+                let _ = finished.recv_timeout(Duration::from_millis(500));
+                Vec::new()
+            },
+        )
+        .await
+        .unwrap();
+    let task = sync.lock().unwrap().take().unwrap();
+    task.await.unwrap();
+    let held = holders(&agent, "gpu1");
+    assert_eq!(
+        held.len(),
+        1,
+        "gpu1 held for the running container: {held:?}"
+    );
+    assert!(held[0].starts_with("adopted-"), "{held:?}");
+    let err = engine
+        .prepare(claim_for("thief", "gpu1"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("gpu1"), "{err}");
+}
+
+fn claims_api_spec(uid: &str, device: &str) -> nri_accel::claims_api::ClaimSpec {
+    use nri_accel::claims_api::{ClaimAsk, ClaimSpec, DraResult};
+    ClaimSpec {
+        uid: uid.into(),
+        namespace: "ns".into(),
+        name: uid.into(),
+        ask: ClaimAsk::Results(vec![DraResult {
+            request: "gpu".into(),
+            driver: "accel.nri.io".into(),
+            pool: "gpus".into(),
+            device: format!("gpus-{device}"),
+            share_id: None,
+        }]),
+    }
+}
+
+/// A Prepare or Unprepare the claims API admitted while the gate was open that reaches its claim
+/// after the gate closed (the NRI connection was lost) changes nothing: nri-accel no longer knows
+/// the running containers, one of which may use a device nothing holds until the next
+/// Synchronize adopts it (issue 25; the model found a Prepare admitted before a disconnect taking
+/// a device an Unprepare had freed under a container started meanwhile).
+#[tokio::test]
+async fn claims_api_requests_reaching_their_claim_after_the_gate_closed_change_nothing() {
+    use nri_accel::claims_api::{ClaimRef, ClaimService};
+    use nri_accel::daemon::ClaimsFacade;
+    use nri_accel::gate::Gate;
+    use nri_accel::metrics::Metrics;
+    let d = dirs();
+    let agent = Arc::new(agent(&d, 0));
+    let gate = Gate::new();
+    gate.open();
+    let facade = ClaimsFacade::new(agent.clone(), Arc::new(Metrics::new())).with_gate(gate.clone());
+    let held = facade.prepare(vec![claims_api_spec("kept", "gpu0")]).await;
+    assert!(held["kept"].is_ok(), "{held:?}");
+    // The API admitted these before the gate closed; they reach the engine after.
+    gate.close();
+    let prepared = facade.prepare(vec![claims_api_spec("late", "gpu1")]).await;
+    let err = prepared["late"].as_ref().unwrap_err();
+    assert!(
+        err.contains("connection to the container runtime was lost"),
+        "{err}"
+    );
+    let unprepared = facade
+        .unprepare(vec![ClaimRef {
+            uid: "kept".into(),
+            namespace: "ns".into(),
+            name: "kept".into(),
+        }])
+        .await;
+    let err = unprepared["kept"].as_ref().unwrap_err();
+    assert!(err.contains("nothing was changed: retry"), "{err}");
+    let claims: Vec<String> = agent
+        .engine()
+        .claims()
+        .into_iter()
+        .map(|(a, _)| a.claim_uid)
+        .collect();
+    assert_eq!(claims, vec!["kept"]);
+    assert_eq!(spec_uids(&d), vec!["kept"]);
+    // Once the runtime synchronized the retries go through.
+    gate.open();
+    assert!(facade.prepare(vec![claims_api_spec("late", "gpu1")]).await["late"].is_ok());
+}

@@ -1,6 +1,6 @@
-//! The periodic reconciliation racing an ordinary Unprepare (issue 27, item 9): the spec it
-//! listed without a record is the Unprepare's own, removed by it; the pass repairs nothing and
-//! reports nothing.
+//! The periodic reconciliation racing an ordinary Unprepare (issue 27, item 9): the held claim
+//! it listed without a spec is the Unprepare's own, whose spec goes before its release (issue
+//! 25); the pass repairs nothing and reports nothing.
 
 mod engine_common;
 
@@ -14,12 +14,12 @@ use nri_accel::engine::{CrashPoint, HookAction};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reconciliation_during_an_unprepare_repairs_nothing() {
     let d = dirs();
-    // The hook stops the Unprepare after its release is committed, before its spec goes.
+    // The hook stops the Unprepare after its spec is removed, before its release.
     let (reached_tx, reached_rx) = mpsc::channel::<()>();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let gates = Arc::new(Mutex::new(Some((reached_tx, go_rx))));
     let hook: nri_accel::engine::CrashHook = Arc::new(move |p| {
-        if p == CrashPoint::AfterRelease
+        if p == CrashPoint::AfterSpecRemove
             && let Some((reached, go)) = gates.lock().unwrap().take()
         {
             reached.send(()).unwrap();
@@ -36,9 +36,10 @@ async fn a_reconciliation_during_an_unprepare_repairs_nothing() {
     tokio::task::spawn_blocking(move || reached_rx.recv().unwrap())
         .await
         .unwrap();
-    // Now c1 has a spec and no record: the reconciliation lists it as an orphan candidate and
-    // waits for the claim's lock, which the Unprepare holds.
-    assert_eq!(spec_uids(&d), vec!["c1"]);
+    // Now c1 is held without a spec: the reconciliation lists it to roll back and waits for the
+    // claim's lock, which the Unprepare holds.
+    assert!(spec_uids(&d).is_empty());
+    assert_eq!(engine.claims().len(), 1);
     let e = Arc::clone(&engine);
     let reconcile = tokio::spawn(async move { e.reconcile().await });
     // Time for the pass to list the specs (if it has not, it finds nothing either way).

@@ -1,6 +1,6 @@
 //! An unprepare's container updates are committed with the record's removal (issue 13): a
 //! commit failure injected at the release, or right after it, never leaves the claim released
-//! on disk with the updates its release made lost.
+//! on disk with the updates its release made lost. The spec goes before the release (issue 25).
 
 mod engine_common;
 
@@ -40,8 +40,10 @@ async fn a_failed_release_commit_changes_nothing_durable_and_stops_later_commits
     engine.checkpoint().set_fault_hook(Some(fail_append(0)));
     let err = engine.unprepare("victim").await.unwrap_err();
     assert!(matches!(err, EngineError::Checkpoint { .. }), "{err}");
-    // Nothing durable changed: the record is there, the pending updates are those of before.
+    // Nothing durable changed but the spec, which went first: the record is there, the pending
+    // updates are those of before.
     assert_eq!(record_uids(&d.state), vec!["victim"]);
+    assert!(spec_uids(&d).is_empty());
     // Later commits are refused (the release is in memory only) until a restart.
     let err = engine
         .prepare(claim_for("later", "gpu1"))
@@ -49,25 +51,45 @@ async fn a_failed_release_commit_changes_nothing_durable_and_stops_later_commits
         .unwrap_err();
     assert!(err.to_string().contains("refuses commits"), "{err}");
     drop(engine);
+    // The restart rolls the record without a spec back; the running containers' cpusets come
+    // with the runtime's Synchronize, which recomputes them all.
     let (engine, _) = open_with(&d, 2, 2, None).unwrap();
-    let held: Vec<String> = engine
-        .claims()
-        .into_iter()
-        .map(|(a, _)| a.claim_uid)
-        .collect();
-    assert_eq!(held, vec!["victim"], "the durable state: still held");
+    assert!(engine.claims().is_empty(), "no spec: nothing granted");
+    assert!(record_uids(&d.state).is_empty());
     assert_eq!(engine.checkpoint().pending(), pending_before);
-    // The retry releases it, with its update, in one commit.
-    engine.container_started("ctr-shared", &[], &policies::Placement::unpinned());
+    // The retry has nothing left to do.
     let commits = engine.checkpoint().stats().commits;
     engine.unprepare("victim").await.unwrap();
-    assert_eq!(engine.checkpoint().stats().commits, commits + 1);
-    assert!(record_uids(&d.state).is_empty());
-    let pending = engine.checkpoint().pending();
-    assert!(
-        pending.contains_key("ctr-shared"),
-        "the release's update is pending: {pending:?}"
+    assert_eq!(engine.checkpoint().stats().commits, commits);
+}
+
+/// No spec outlives its claim's release: a runtime not connected to nri-accel starts containers
+/// from any spec on disk, and one started from a released claim's spec would share its devices
+/// with the next claim (issue 25, found by the model). When the release's commit is durable the
+/// spec is gone already.
+#[tokio::test]
+async fn an_unprepare_removes_the_spec_before_it_releases_the_claim() {
+    let d = dirs();
+    setup(&d).await;
+    let cdi = d.cdi.clone();
+    let at_release: Arc<std::sync::Mutex<Option<usize>>> = Arc::default();
+    let seen = at_release.clone();
+    let hook: nri_accel::engine::CrashHook = Arc::new(move |p| {
+        if p == nri_accel::engine::CrashPoint::AfterCheckpoint {
+            let specs = std::fs::read_dir(&cdi).unwrap().count();
+            *seen.lock().unwrap() = Some(specs);
+        }
+        nri_accel::engine::HookAction::Continue
+    });
+    let (engine, _) = open_with(&d, 2, 2, Some(hook)).unwrap();
+    assert_eq!(spec_uids(&d), vec!["victim"]);
+    engine.unprepare("victim").await.unwrap();
+    assert_eq!(
+        *at_release.lock().unwrap(),
+        Some(0),
+        "spec files at the release"
     );
+    assert!(engine.claims().is_empty());
 }
 
 #[tokio::test]

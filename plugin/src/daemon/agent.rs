@@ -174,7 +174,14 @@ impl Agent {
 
     /// Claims a container holds: those its CDI names grant, those it owns (`owned`), and, for a
     /// device of ours it has the nodes of that none of those holds, the device's holders when the
-    /// runtime reports no CDI names to tell them apart (NRI before v0.10).
+    /// runtime reports no CDI names to tell them apart (NRI before v0.10), or else the adopted
+    /// claims among them.
+    ///
+    /// An adopted claim holds a device for every running container that uses it. A container
+    /// whose CDI names name a claim that does not hold the device it has (the claim's record
+    /// was lost, or it was released while nri-accel was away) is such a user: mapped to the
+    /// adopted claim, it is where the claim is handed over when the container the device was
+    /// adopted for goes, instead of the device being released under it.
     fn claims_of(&self, c: &ContainerView, owned: &[String]) -> BTreeSet<String> {
         let mut claims: BTreeSet<String> = c
             .cdi_devices
@@ -182,6 +189,7 @@ impl Agent {
             .filter_map(|n| claim_of_cdi_name(&self.settings.cdi_kind, n))
             .collect();
         claims.extend(owned.iter().cloned());
+        let mut others = Vec::new();
         self.engine.with_node(|node| {
             for (major, minor) in &c.device_nodes {
                 let Some(dev) = node.device_by_node(*major, *minor) else {
@@ -193,9 +201,16 @@ impl Agent {
                 }
                 if c.cdi_devices.is_empty() {
                     claims.extend(holders);
+                } else {
+                    others.extend(holders);
                 }
             }
         });
+        claims.extend(
+            others
+                .into_iter()
+                .filter(|h| matches!(self.engine.origin_of(h), Some(Origin::Adopted { .. }))),
+        );
         claims
     }
 
@@ -300,8 +315,29 @@ impl Agent {
     /// [`Agent::release_gone`], which may run after the answer.
     pub async fn synchronize(&self, views: &[ContainerView]) -> Synced {
         let live: BTreeSet<String> = views.iter().map(|c| c.id.clone()).collect();
+        // The claims the running containers name are locked from before the adoption plan until
+        // every container is mapped, as CreateContainer locks them: an Unprepare that found no
+        // user before this Synchronize (one of these containers started while nri-accel was
+        // away) releases before the plan is made, which then adopts the device it freed; one
+        // that asks after finds the containers mapped and is refused. Without the locks, a
+        // release between the two left the device free under a running container.
+        let named: BTreeSet<String> = views
+            .iter()
+            .flat_map(|c| &c.cdi_devices)
+            .filter_map(|n| claim_of_cdi_name(&self.settings.cdi_kind, n))
+            .collect();
+        let mut locks = BTreeMap::new();
+        for uid in named {
+            let guard = self.engine.lock_claim(&uid).await;
+            locks.insert(uid, guard);
+        }
         self.containers().retain(&live);
         let plan = self.adoption_plan(views, &self.owners());
+        for (container, device) in &plan {
+            // Adoption takes the adopted claim's lock (a container naming that claim's CDI
+            // devices is all that would have it locked here).
+            locks.remove(&crate::engine::adopted_claim_uid(container, device));
+        }
         let adopted = futures::future::join_all(
             plan.iter()
                 .map(|(container, device)| self.engine.adopt(container, device)),
@@ -316,14 +352,15 @@ impl Agent {
         let owners = self.owners();
         let none = Vec::new();
         let mut updates = Vec::new();
+        let mut mapped = Vec::with_capacity(views.len());
         for c in views {
             let claims = self.claims_of(c, owners.by_container.get(&c.id).unwrap_or(&none));
             let claim_list: Vec<String> = claims.iter().cloned().collect();
             let (adjustment, _) = self
                 .engine
                 .container_started(&c.id, &claim_list, &c.placement);
-            self.device_plugin_used(c, &claim_list).await;
             self.containers().set(c, claims, true);
+            mapped.push(claim_list);
             // The adjustment holds only what changes: a container already where it belongs
             // gets no update (every update is a cgroup write in the runtime).
             if adjustment.cpus.is_some() || adjustment.mems.is_some() {
@@ -333,6 +370,12 @@ impl Agent {
                     mems: adjustment.mems.unwrap_or_default(),
                 });
             }
+        }
+        // Mapped: an Unprepare now sees the containers. Recording a device plugin claim's user
+        // takes that claim's lock itself.
+        drop(locks);
+        for (c, claim_list) in views.iter().zip(&mapped) {
+            self.device_plugin_used(c, claim_list).await;
         }
         self.report_unmet(views);
         // Synchronize recomputed every cpuset: older pending updates are superseded.

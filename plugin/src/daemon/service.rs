@@ -12,6 +12,7 @@ use crate::claims_api::{
     PreparedDevice, UnprepareResults,
 };
 use crate::engine::Origin;
+use crate::gate::Gate;
 use crate::metrics::{Metrics, Outcome};
 
 /// Serves the claims API from the engine.
@@ -19,6 +20,7 @@ pub struct ClaimsFacade {
     agent: Arc<Agent>,
     metrics: Arc<Metrics>,
     driver_name: String,
+    gate: Option<Gate>,
 }
 
 impl ClaimsFacade {
@@ -29,7 +31,23 @@ impl ClaimsFacade {
             agent,
             metrics,
             driver_name: crate::config::DraConfig::default().driver_name,
+            gate: None,
         }
+    }
+
+    /// Checks `gate` again under each claim's lock, where a request decides (allocates, or asks
+    /// for the claim's users): the API admits a request while the gate is open, and one that
+    /// reaches its claim after the gate closed is refused there, changing nothing
+    /// ([`crate::engine::EngineError::NoLongerAdmitted`]). Without a gate (tests) every request
+    /// admitted goes on.
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Whether a request may still decide: the gate, when there is one, is open.
+    fn admitted(&self) -> bool {
+        self.gate.as_ref().is_none_or(Gate::is_open)
     }
 
     /// Serves DRA results of the driver `name` (`dra.driver_name`); results naming another
@@ -127,7 +145,9 @@ impl ClaimService for ClaimsFacade {
                     return (uid, Err(e));
                 }
             };
-            let result = engine.prepare(to_request(spec)).await;
+            let result = engine
+                .prepare_admitted(to_request(spec), || self.admitted())
+                .await;
             let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Error };
             metrics.record_prepare(outcome, started.elapsed());
             let answer = match result {
@@ -163,7 +183,7 @@ impl ClaimService for ClaimsFacade {
             // Never under running containers: the device would go to the next claim while they
             // still hold it (docs/claims-api.md, "Unprepare").
             let result = engine
-                .unprepare_unused(&c.uid, || agent.users_of(&c.uid))
+                .unprepare_unused(&c.uid, || self.admitted(), || agent.users_of(&c.uid))
                 .await
                 .map_err(|e| e.to_string());
             let outcome = if result.is_ok() {

@@ -28,12 +28,13 @@ pub enum CrashPoint {
     AfterSpecRename,
     /// Unprepare: the policy released the claim in memory.
     AfterRelease,
-    /// Unprepare: the spec is removed.
+    /// Unprepare: the spec is removed (its first step: the release comes after).
     AfterSpecRemove,
 }
 
 impl CrashPoint {
-    /// Every step, in flow order.
+    /// Every step: prepare's in flow order, then unprepare's release steps and its spec
+    /// removal (which comes first in an unprepare).
     pub const ALL: [CrashPoint; 7] = [
         CrashPoint::AfterAllocate,
         CrashPoint::AfterCheckpoint,

@@ -57,6 +57,18 @@ pub enum EngineError {
         /// The containers, each as `id (namespace/pod/container)`.
         containers: String,
     },
+    /// A request admitted while the claims API's gate was open reached its claim after the gate
+    /// closed (the NRI connection was lost): nri-accel no longer knows which containers run,
+    /// so nothing is allocated or released until the runtime synchronizes again.
+    #[error(
+        "claim {claim} not {what}: the connection to the container runtime was lost after this request was admitted, so nri-accel does not know which containers run until the runtime synchronizes again; nothing was changed: retry"
+    )]
+    NoLongerAdmitted {
+        /// The claim.
+        claim: String,
+        /// `prepared` or `unprepared`.
+        what: &'static str,
+    },
     /// The checkpoint could not be written or read.
     #[error("claim {claim}: checkpoint: {source}{then}")]
     Checkpoint {

@@ -295,6 +295,32 @@ impl Engine {
         self.prepare_as(req, Origin::ClaimsApi).await
     }
 
+    /// Prepares a claim from the claims API if `admitted`, asked under the claim's lock before
+    /// anything is allocated, still holds; otherwise nothing changes
+    /// ([`EngineError::NoLongerAdmitted`]). The claims API passes whether its gate is still
+    /// open: a request admitted before the NRI connection was lost must not allocate while
+    /// nri-accel does not know the running containers, since one of them may use a device
+    /// nothing holds until the next Synchronize adopts it.
+    pub async fn prepare_admitted(
+        &self,
+        req: ClaimRequest,
+        admitted: impl FnOnce() -> bool,
+    ) -> Result<Prepared, EngineError> {
+        check_uid(&req.uid)?;
+        let _claim = self.claims.lock(&req.uid).await;
+        if !admitted() {
+            return Err(EngineError::NoLongerAdmitted {
+                claim: req.uid.clone(),
+                what: "prepared",
+            });
+        }
+        let ask = req.ask.clone();
+        self.prepare_locked(&req.uid.clone(), Origin::ClaimsApi, Some(ask), |node| {
+            node.allocate(&req)
+        })
+        .await
+    }
+
     /// Prepares a claim on behalf of `origin` (the claims API, a pod annotation).
     pub async fn prepare_as(
         &self,
@@ -592,9 +618,9 @@ impl Engine {
         Ok(updates)
     }
 
-    /// Releases a claim: its record's removal is committed, the policy releases
-    /// it, the container updates are pushed, and its spec is removed. An unknown
-    /// claim is success (any stray spec of it is removed).
+    /// Releases a claim: its spec is removed, then its record's removal is committed with the
+    /// policy's release, and the container updates are pushed. An unknown claim is success (any
+    /// stray spec of it is removed).
     pub async fn unprepare(&self, uid: &str) -> Result<(), EngineError> {
         check_uid(uid)?;
         let _claim = self.claims.lock(uid).await;
@@ -606,13 +632,25 @@ impl Engine {
     /// The claims API and the DRA driver unprepare this way; the NRI side maps a new container
     /// to a claim under the same lock ([`Engine::lock_claim`]), so no container can start
     /// using a claim between the check and the release.
+    ///
+    /// `admitted` is asked first, under the lock: when it no longer holds (the claims API's
+    /// gate closed after the request was admitted) nothing is released
+    /// ([`EngineError::NoLongerAdmitted`]), since `users` then comes from a container map
+    /// that misses what the runtime started meanwhile.
     pub async fn unprepare_unused(
         &self,
         uid: &str,
+        admitted: impl FnOnce() -> bool,
         users: impl FnOnce() -> Vec<String>,
     ) -> Result<(), EngineError> {
         check_uid(uid)?;
         let _claim = self.claims.lock(uid).await;
+        if !admitted() {
+            return Err(EngineError::NoLongerAdmitted {
+                claim: uid.to_string(),
+                what: "unprepared",
+            });
+        }
         let users = users();
         if !users.is_empty() {
             return Err(EngineError::InUse {
@@ -623,7 +661,26 @@ impl Engine {
         self.unprepare_locked(uid).await
     }
 
+    /// The spec goes before the release: a runtime that is not connected to nri-accel (restarting,
+    /// or between its restart and its Synchronize) starts containers from any spec on disk
+    /// without asking, so a spec that outlived its claim's release could start a container on
+    /// devices the next claim already holds. A crash between the two leaves a record without a
+    /// spec, which the next start rolls back; a spec that cannot be removed leaves the claim
+    /// held.
     async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
+        let specs = self.specs.clone();
+        let id = uid.to_string();
+        match blocking(uid, move || specs.remove(&id)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(source)) => {
+                return Err(EngineError::Spec {
+                    then: Then::NotReleased,
+                    claim: uid.to_string(),
+                    source,
+                });
+            }
+            Err(e) => return Err(self.crash_or(e)),
+        }
         let held = self.state().node.allocation(uid).is_some();
         if held {
             let updates = self.release_committed(uid).await?;
@@ -634,17 +691,7 @@ impl Engine {
             }
             self.step(CrashPoint::AfterUpdatePush)?;
         }
-        let specs = self.specs.clone();
-        let id = uid.to_string();
-        match blocking(uid, move || specs.remove(&id)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(EngineError::Spec {
-                then: Then::NotReleased,
-                claim: uid.to_string(),
-                source,
-            }),
-            Err(e) => Err(self.crash_or(e)),
-        }
+        Ok(())
     }
 
     async fn commit(
