@@ -340,6 +340,15 @@ async fn preferred_allocations_are_numa_local_and_skip_units_held_elsewhere() {
         .await
         .unwrap();
     assert_eq!(p.unhealthy(), ["gpu0"], "gpu0 is held by dra-1");
+    // The kubelet's API has one word for both; status tells a held device from a broken one.
+    let st = &s.plugins.status().resources[0];
+    assert!(st.unhealthy.is_empty(), "{:?}", st.unhealthy);
+    assert_eq!(st.held_elsewhere.len(), 1, "{:?}", st.held_elsewhere);
+    assert_eq!(
+        (st.held_elsewhere[0].id.as_str(), st.held_elsewhere[0].claim.as_str()),
+        ("gpu0", "dra-1")
+    );
+    assert_eq!((st.advertised, st.available), (4, 3));
     let mut two = client.preferred(&all, &[], 2).await.unwrap();
     two.sort();
     assert_eq!(two, ["gpu1", "gpu3"]);
