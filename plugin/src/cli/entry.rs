@@ -74,11 +74,17 @@ pub fn main_with(registry: Registry) -> ExitCode {
         },
         _ => None,
     };
-    LogSettings::decide(
-        cli.log.as_deref(),
-        daemon_config.as_ref().map(|(c, _)| &c.log),
-    )
-    .install();
+    // The demo shows its daemon's log inside its story, unless a filter was asked for.
+    let filter_asked = cli.log.is_some() || std::env::var_os("RUST_LOG").is_some_and(|v| !v.is_empty());
+    if matches!(cli.command, Command::Demo { .. }) && !filter_asked {
+        crate::demo::capture_log();
+    } else {
+        LogSettings::decide(
+            cli.log.as_deref(),
+            daemon_config.as_ref().map(|(c, _)| &c.log),
+        )
+        .install();
+    }
 
     let runtime = match cli.command {
         // The daemon and the demo serve sockets: two workers. The one-shot commands run on the
