@@ -160,6 +160,13 @@ async fn an_empty_inventory_is_a_warning_from_the_config_and_from_a_sysfs_root()
         )),
         "{err}"
     );
+    assert!(err.contains("check that the devices' drivers are loaded"), "{err}");
+    // discover prints the same warning: it must not send the user to run discover.
+    let (_, _, err) = node
+        .cli(&["discover", "--sysfs-root", root.path().to_str().expect("utf-8")])
+        .await;
+    assert!(err.contains("no accelerator was found under"), "{err}");
+    assert!(!err.contains("nri-accel discover"), "{err}");
 }
 
 #[tokio::test]
@@ -230,4 +237,13 @@ async fn demo_refuses_a_config_it_would_ignore() {
         "{err}"
     );
     assert!(out.is_empty(), "{out}");
+    // Given before the subcommand too; and its help does not offer what it refuses.
+    let (st, _, err) = run_bin(&["--config".into(), "/x.yaml".into(), "demo".into()]).await;
+    assert_eq!(st.code(), Some(2), "{err}");
+    let (st, help, err) = run_bin(&["demo".into(), "--help".into()]).await;
+    assert!(st.success(), "{err}");
+    assert!(help.contains("--keep"), "{help}");
+    assert!(!help.contains("--config"), "{help}");
+    let (_, help, _) = run_bin(&["run".into(), "--help".into()]).await;
+    assert!(help.contains("--config"), "{help}");
 }

@@ -40,6 +40,21 @@ pub fn version_text(registry: &Registry) -> String {
     }
 }
 
+/// The command line's definition. `--config` is global, but the demo runs its own simulated
+/// node and takes none: its own hidden `--config` keeps the global one out of `demo --help`
+/// (clap does not hand a global argument to a subcommand that has one of the same name), and is
+/// refused when given.
+pub fn command(version: &'static str) -> clap::Command {
+    Cli::command().version(version).mut_subcommand("demo", |demo| {
+        demo.arg(
+            clap::Arg::new("config")
+                .long("config")
+                .hide(true)
+                .value_parser(clap::value_parser!(std::path::PathBuf)),
+        )
+    })
+}
+
 /// Runs the nri-accel command line with `registry` as the policies pools may name: parses the
 /// arguments, sets up logging, runs the subcommand and answers the process exit code. The stock
 /// binary is `main_with(Registry::with_builtins())`.
@@ -47,12 +62,16 @@ pub fn main_with(registry: Registry) -> ExitCode {
     crate::allocator::return_large_buffers();
     // Leaked once per process: clap keeps the version as a `&'static str`.
     let version: &'static str = Box::leak(version_text(&registry).into_boxed_str());
-    let matches = Cli::command().version(version).get_matches();
+    let matches = command(version).get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let config_given = matches.value_source("config") == Some(ValueSource::CommandLine);
+    let on_demo = matches
+        .subcommand_matches("demo")
+        .and_then(|m| m.value_source("config"));
+    let config_given = [matches.value_source("config"), on_demo]
+        .contains(&Some(ValueSource::CommandLine));
     if matches!(cli.command, Command::Demo { .. }) && config_given {
         eprintln!(
             "nri-accel: demo runs on its own simulated node and takes no --config; run it \
@@ -68,7 +87,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
             Ok(loaded) => Some(loaded),
             Err(e) => {
                 LogSettings::decide(cli.log.as_deref(), None).install();
-                eprintln!("nri-accel: {}", error_chain(&e));
+                eprintln!("nri-accel: {e}");
                 return ExitCode::FAILURE;
             }
         },
@@ -112,7 +131,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
     match daemon_config {
         Some((config, defaulted)) => {
             if defaulted {
-                super::note_defaults();
+                super::note_defaults(true);
             }
             super::run::drop_privileges(&config);
             match runtime.block_on(super::run::run(&config, &registry)) {
