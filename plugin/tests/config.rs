@@ -143,11 +143,17 @@ fn only_the_default_path_may_be_missing() {
         text.starts_with(&format!("{}: no such config file; ", other.display())),
         "{text}"
     );
-    assert!(text.contains("/etc/nri-accel/config.yaml, may be missing"), "{text}");
+    assert!(
+        text.contains("/etc/nri-accel/config.yaml, may be missing"),
+        "{text}"
+    );
 
     std::fs::write(&default, "reconcile_interval_secs: 7\n").unwrap();
     let (cfg, source) = Config::load_or_defaults_at(&default, &default).unwrap();
-    assert_eq!((cfg.reconcile_interval_secs, source), (7, ConfigSource::File));
+    assert_eq!(
+        (cfg.reconcile_interval_secs, source),
+        (7, ConfigSource::File)
+    );
     // A default file that exists but is broken is an error like any other.
     std::fs::write(&default, "reconcile_interval_secs: soon\n").unwrap();
     assert!(Config::load_or_defaults_at(&default, &default).is_err());

@@ -68,7 +68,10 @@ fn demo_completes_and_shows_cdi_ids_and_an_adjustment_on_both_paths() {
 
     // Step 4 explains the cpuset and shows the container it moved off the claim's CPUs.
     let four = section(&stdout, 4);
-    assert!(four.contains("adjustment cpuset: cpus 0-1 mems 0"), "{four}");
+    assert!(
+        four.contains("adjustment cpuset: cpus 0-1 mems 0"),
+        "{four}"
+    );
     assert!(four.contains("claim-whole took CPUs 0-1"), "{four}");
     assert!(
         four.contains("container update in the same reply: c-web-0000000000000001 -> cpus 2-15"),

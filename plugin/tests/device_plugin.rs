@@ -135,7 +135,10 @@ async fn setup_with(grace: u64, edit: impl FnOnce(&mut DevicePluginConfig)) -> S
     // Nothing is served before the runtime's Synchronize opens the gate.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(kubelet.plugin(WHOLE).is_none());
-    assert_eq!(started.plugins.registration(0), Registration::WaitingForGate);
+    assert_eq!(
+        started.plugins.registration(0),
+        Registration::WaitingForGate
+    );
     started.gate.open();
     for r in [WHOLE, SHARED, MIG] {
         kubelet.wait_registered(r, WAIT).await.expect("registered");
@@ -345,7 +348,10 @@ async fn preferred_allocations_are_numa_local_and_skip_units_held_elsewhere() {
     assert!(st.unhealthy.is_empty(), "{:?}", st.unhealthy);
     assert_eq!(st.held_elsewhere.len(), 1, "{:?}", st.held_elsewhere);
     assert_eq!(
-        (st.held_elsewhere[0].id.as_str(), st.held_elsewhere[0].claim.as_str()),
+        (
+            st.held_elsewhere[0].id.as_str(),
+            st.held_elsewhere[0].claim.as_str()
+        ),
         ("gpu0", "dra-1")
     );
     assert_eq!((st.advertised, st.available), (4, 3));

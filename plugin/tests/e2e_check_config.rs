@@ -160,10 +160,17 @@ async fn an_empty_inventory_is_a_warning_from_the_config_and_from_a_sysfs_root()
         )),
         "{err}"
     );
-    assert!(err.contains("check that the devices' drivers are loaded"), "{err}");
+    assert!(
+        err.contains("check that the devices' drivers are loaded"),
+        "{err}"
+    );
     // discover prints the same warning: it must not send the user to run discover.
     let (_, _, err) = node
-        .cli(&["discover", "--sysfs-root", root.path().to_str().expect("utf-8")])
+        .cli(&[
+            "discover",
+            "--sysfs-root",
+            root.path().to_str().expect("utf-8"),
+        ])
         .await;
     assert!(err.contains("no accelerator was found under"), "{err}");
     assert!(!err.contains("nri-accel discover"), "{err}");

@@ -93,7 +93,9 @@ async fn every_subcommand_follows_one_rule_for_a_missing_config_file() {
     if absent {
         assert!(st.success(), "{out}{err}");
         assert!(
-            out.starts_with("the built-in defaults (/etc/nri-accel/config.yaml does not exist): ok ("),
+            out.starts_with(
+                "the built-in defaults (/etc/nri-accel/config.yaml does not exist): ok ("
+            ),
             "{out}"
         );
     } else {

@@ -278,7 +278,9 @@ fn the_packaging_readme_says_where_each_file_goes() {
                 .collect();
             if cells[1].contains("not installed") {
                 if !dests.is_empty() {
-                    wrong.push(format!("{pattern}: said not installed, installed as {dests:?}"));
+                    wrong.push(format!(
+                        "{pattern}: said not installed, installed as {dests:?}"
+                    ));
                 }
                 continue;
             }
@@ -347,7 +349,9 @@ fn the_operator_guide_names_every_installed_doc_and_only_paths_the_tree_has() {
             .iter()
             .any(|p| path.starts_with(p));
         if source && !path.contains(['<', '*', ' ']) && !repo().join(path).exists() {
-            missing.push(format!("the guide names {path}, which the source tree lacks"));
+            missing.push(format!(
+                "the guide names {path}, which the source tree lacks"
+            ));
         }
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));

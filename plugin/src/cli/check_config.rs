@@ -36,10 +36,7 @@ pub fn run(
         }
     };
     let checked_what = if defaulted {
-        format!(
-            "the built-in defaults ({} does not exist)",
-            path.display()
-        )
+        format!("the built-in defaults ({} does not exist)", path.display())
     } else {
         path.display().to_string()
     };

@@ -45,14 +45,16 @@ pub fn version_text(registry: &Registry) -> String {
 /// (clap does not hand a global argument to a subcommand that has one of the same name), and is
 /// refused when given.
 pub fn command(version: &'static str) -> clap::Command {
-    Cli::command().version(version).mut_subcommand("demo", |demo| {
-        demo.arg(
-            clap::Arg::new("config")
-                .long("config")
-                .hide(true)
-                .value_parser(clap::value_parser!(std::path::PathBuf)),
-        )
-    })
+    Cli::command()
+        .version(version)
+        .mut_subcommand("demo", |demo| {
+            demo.arg(
+                clap::Arg::new("config")
+                    .long("config")
+                    .hide(true)
+                    .value_parser(clap::value_parser!(std::path::PathBuf)),
+            )
+        })
 }
 
 /// Runs the nri-accel command line with `registry` as the policies pools may name: parses the
@@ -70,8 +72,8 @@ pub fn main_with(registry: Registry) -> ExitCode {
     let on_demo = matches
         .subcommand_matches("demo")
         .and_then(|m| m.value_source("config"));
-    let config_given = [matches.value_source("config"), on_demo]
-        .contains(&Some(ValueSource::CommandLine));
+    let config_given =
+        [matches.value_source("config"), on_demo].contains(&Some(ValueSource::CommandLine));
     if matches!(cli.command, Command::Demo { .. }) && config_given {
         eprintln!(
             "nri-accel: demo runs on its own simulated node and takes no --config; run it \
@@ -94,7 +96,8 @@ pub fn main_with(registry: Registry) -> ExitCode {
         _ => None,
     };
     // The demo shows its daemon's log inside its story, unless a filter was asked for.
-    let filter_asked = cli.log.is_some() || std::env::var_os("RUST_LOG").is_some_and(|v| !v.is_empty());
+    let filter_asked =
+        cli.log.is_some() || std::env::var_os("RUST_LOG").is_some_and(|v| !v.is_empty());
     if matches!(cli.command, Command::Demo { .. }) && !filter_asked {
         crate::demo::capture_log();
     } else {

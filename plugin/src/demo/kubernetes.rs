@@ -143,8 +143,12 @@ pub(super) async fn run(
     let c = fixtures::container("c-k8s-train-00000001", &p, "trainer", &ids);
     fake.create_container(&p, &c).await?;
     fake.add_container(c.clone());
-    println!("   the runtime creates the pod's container with those CDI names; nri-accel's answer,");
-    println!("   the adjustment, pins it to the GPU's NUMA-local CPUs (step 4 explains the numbers):");
+    println!(
+        "   the runtime creates the pod's container with those CDI names; nri-accel's answer,"
+    );
+    println!(
+        "   the adjustment, pins it to the GPU's NUMA-local CPUs (step 4 explains the numbers):"
+    );
     show_adjustment(fake, &c.id);
 
     fake.notify(nri_proto::api::Event::REMOVE_CONTAINER, &p, Some(&c))

@@ -23,8 +23,8 @@ use kube_sim::kubelet::DevicePluginKubelet;
 const DP_WHOLE: &str = "accel.nri.io/whole";
 
 pub use node::{config, simulated_gpu};
-pub use story::capture_log;
 use story::Story;
+pub use story::capture_log;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -104,7 +104,12 @@ fn show_updates(fake: &FakeRuntime, replied: usize, pushed: usize) {
             cpu.map_or("-", |c| c.mems.as_str())
         );
     }
-    for u in fake.updates().iter().skip(pushed).flat_map(|r| r.update.iter()) {
+    for u in fake
+        .updates()
+        .iter()
+        .skip(pushed)
+        .flat_map(|r| r.update.iter())
+    {
         let cpu = u
             .linux
             .as_ref()

@@ -147,14 +147,21 @@ mod tests {
             expected: Vec::new(),
         };
         story.expect_log(&["claim not prepared", "claim=claim-next"]);
-        log.write_all(b" WARN claim not prepared claim=claim-next error=held
-")
-            .unwrap();
-        log.write_all(b" WARN claim not prepared claim=claim-next error=again
-")
-            .unwrap();
-        log.write_all(b"ERROR something else
-").unwrap();
+        log.write_all(
+            b" WARN claim not prepared claim=claim-next error=held
+",
+        )
+        .unwrap();
+        log.write_all(
+            b" WARN claim not prepared claim=claim-next error=again
+",
+        )
+        .unwrap();
+        log.write_all(
+            b"ERROR something else
+",
+        )
+        .unwrap();
         assert_eq!(
             story.unexpected_lines(),
             [

@@ -84,57 +84,56 @@ impl DevicePlugins {
     /// The status of every resource now.
     pub fn status(&self) -> DevicePluginsStatus {
         let claims = self.engine.device_plugin_claims();
-        let resources = self
-            .resources()
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let listed = self.listed(i);
-                let mut unhealthy = Vec::new();
-                let mut held_elsewhere = Vec::new();
-                for l in &listed {
-                    match &l.unavailable {
-                        None => {}
-                        Some(Unavailable::Unhealthy(reason)) => unhealthy.push(Unhealthy {
-                            id: l.id.clone(),
-                            reason: reason.clone(),
-                        }),
-                        Some(Unavailable::HeldElsewhere { claim, reason }) => {
-                            held_elsewhere.push(HeldElsewhere {
+        let resources =
+            self.resources()
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let listed = self.listed(i);
+                    let mut unhealthy = Vec::new();
+                    let mut held_elsewhere = Vec::new();
+                    for l in &listed {
+                        match &l.unavailable {
+                            None => {}
+                            Some(Unavailable::Unhealthy(reason)) => unhealthy.push(Unhealthy {
                                 id: l.id.clone(),
-                                claim: claim.clone(),
                                 reason: reason.clone(),
-                            })
+                            }),
+                            Some(Unavailable::HeldElsewhere { claim, reason }) => held_elsewhere
+                                .push(HeldElsewhere {
+                                    id: l.id.clone(),
+                                    claim: claim.clone(),
+                                    reason: reason.clone(),
+                                }),
                         }
                     }
-                }
-                let available = listed.iter().filter(|l| l.unavailable.is_none()).count();
-                let held = claims
-                    .iter()
-                    .filter(|c| c.resource == r.name)
-                    .flat_map(|c| {
-                        c.device_ids.iter().map(move |id| Held {
-                            id: id.clone(),
-                            claim: c.uid.clone(),
-                            containers: c.users.clone(),
-                            pod: c.user.as_ref().map(|u| u.pod.clone()),
-                            allocated_at: c.allocated_at,
+                    let available = listed.iter().filter(|l| l.unavailable.is_none()).count();
+                    let held = claims
+                        .iter()
+                        .filter(|c| c.resource == r.name)
+                        .flat_map(|c| {
+                            c.device_ids.iter().map(move |id| Held {
+                                id: id.clone(),
+                                claim: c.uid.clone(),
+                                containers: c.users.clone(),
+                                pod: c.user.as_ref().map(|u| u.pod.clone()),
+                                allocated_at: c.allocated_at,
+                            })
                         })
-                    })
-                    .collect();
-                ResourceStatus {
-                    name: r.name.clone(),
-                    pool: r.pool.clone(),
-                    socket: r.socket.clone(),
-                    registration: self.registration(i),
-                    advertised: listed.len(),
-                    available,
-                    unhealthy,
-                    held_elsewhere,
-                    held,
-                }
-            })
-            .collect();
+                        .collect();
+                    ResourceStatus {
+                        name: r.name.clone(),
+                        pool: r.pool.clone(),
+                        socket: r.socket.clone(),
+                        registration: self.registration(i),
+                        advertised: listed.len(),
+                        available,
+                        unhealthy,
+                        held_elsewhere,
+                        held,
+                    }
+                })
+                .collect();
         let socket = self.kubelet_socket();
         DevicePluginsStatus {
             kubelet_socket: socket.display().to_string(),
