@@ -91,7 +91,9 @@ for path in \
     usr/share/doc/nri-accel/examples/kubernetes/rbac.yaml \
     usr/share/doc/nri-accel/examples/kubernetes/daemonset.yaml \
     usr/share/doc/nri-accel/examples/kubernetes/deviceclasses.yaml \
-    usr/share/doc/nri-accel/examples/kubernetes/examples.yaml; do
+    usr/share/doc/nri-accel/examples/kubernetes/examples.yaml \
+    usr/share/doc/nri-accel/examples/kubernetes/nri-accel-device-plugin.yaml \
+    usr/share/doc/nri-accel/glossary.md; do
     [ -f "$root/$path" ] || fail "the .deb lacks /$path"
 done
 [ -x "$root/usr/bin/nri-accel" ] || fail "/usr/bin/nri-accel in the .deb is not executable"

@@ -70,8 +70,9 @@ impl fmt::Display for Warning {
             Warning::EmptyInventory { sysfs: true, root } => write!(
                 f,
                 "no accelerator was found under {} and discovery.static_devices lists none: \
-                 nothing can be handed out; check the drivers (nri-accel discover) or list the \
-                 devices in discovery.static_devices",
+                 nothing can be handed out; check that the devices' drivers are loaded (lspci -k \
+                 names each device's driver) and that discovery.root is the host's root, or list \
+                 the devices in discovery.static_devices",
                 root.display()
             ),
             Warning::EmptyInventory { sysfs: false, .. } => f.write_str(

@@ -313,12 +313,30 @@ fn changed_boot_id_drops_records_and_pending_updates_and_says_so() {
     );
 }
 
+/// Runs `f` on a thread of its own that holds no capability: permission bits then hold for it
+/// whoever runs the tests. Root without `CAP_DAC_OVERRIDE` and `CAP_DAC_READ_SEARCH` is refused a
+/// file of mode 000 like anyone else, and capabilities are per thread, so the other tests keep
+/// theirs.
+fn without_capabilities<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let report = nri_accel::privileges::drop_to(&Default::default()).expect("drop");
+            assert!(report.kept.is_empty(), "{report:?}");
+            f()
+        })
+        .join()
+        .expect("the test thread")
+    })
+}
+
+/// An unreadable checkpoint file, or directory, stops the open with `Unreadable`, naming it, and
+/// changes nothing. As root, too: the open runs without capabilities.
 #[test]
 fn unreadable_checkpoint_fails_loudly_and_deletes_nothing() {
-    if nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: root reads files whatever their mode");
-        return;
-    }
+    without_capabilities(unreadable_checkpoint)
+}
+
+fn unreadable_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let (cp, _) = open(tmp.path());
     let (records, _) = fill(&cp, 4);
@@ -340,6 +358,17 @@ fn unreadable_checkpoint_fails_loudly_and_deletes_nothing() {
     let err = Cp::open(dir, "another-boot").unwrap_err();
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).unwrap();
     assert!(matches!(err, CheckpointError::Unreadable { .. }), "{err}");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "cannot read the checkpoint directory {}: ",
+            dir.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("Nothing was changed or deleted"),
+        "{err}"
+    );
     assert_eq!(files(tmp.path()), before);
     let (cp, _) = open(tmp.path());
     assert_eq!(cp.records(), records);

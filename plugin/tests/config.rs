@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use nri_accel::config::{Config, ConfigError, Position};
+use nri_accel::config::{Config, ConfigError, ConfigSource, Position};
 use policies::FamilyConfig;
 
 fn packaged() -> PathBuf {
@@ -95,6 +95,68 @@ fn wrong_type_names_line_and_column() {
     assert_eq!(e.position(), at(2, 22));
     let e = err("log:\n  level: loud\n");
     assert_eq!(e.position(), at(2, 10));
+}
+
+#[test]
+fn a_family_that_is_not_a_mapping_names_the_field_and_the_accepted_forms() {
+    let e = err("pools:\n  - name: whole\n    family: exclusive\n");
+    let text = e.to_string();
+    assert_eq!(e.position(), at(3, 5), "{text}");
+    assert!(
+        text.starts_with("test.yaml:3:5: pools[0].family: expected a mapping"),
+        "{text}"
+    );
+    assert!(!text.contains("internally tagged"), "{text}");
+    for form in [
+        "{kind: exclusive}",
+        "{kind: shared, replicas:",
+        "{kind: sliced, slots:",
+        "{kind: custom, policy:",
+    ] {
+        assert!(text.contains(form), "{form} missing: {text}");
+    }
+    assert!(
+        text.ends_with("(here, for example: family: {kind: exclusive})"),
+        "{text}"
+    );
+    let e = err("pools:\n  - name: whole\n    family: 3\n");
+    assert!(e.to_string().contains("found integer `3`"), "{e}");
+    let e = err("pools:\n  - name: whole\n    family: {replicas: 2}\n");
+    assert!(e.to_string().contains("the family names no kind"), "{e}");
+}
+
+/// One rule for every subcommand: only the default path may be missing (the built-in
+/// defaults); any other missing file is an error naming it, and a file that exists is read,
+/// whichever path it is at.
+#[test]
+fn only_the_default_path_may_be_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let default = dir.path().join("config.yaml");
+    let (cfg, source) = Config::load_or_defaults_at(&default, &default).unwrap();
+    assert_eq!((cfg, source), (Config::default(), ConfigSource::Defaults));
+
+    let other = dir.path().join("other.yaml");
+    let e = Config::load_or_defaults_at(&other, &default).unwrap_err();
+    assert!(matches!(e, ConfigError::Missing { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!("{}: no such config file; ", other.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains("/etc/nri-accel/config.yaml, may be missing"),
+        "{text}"
+    );
+
+    std::fs::write(&default, "reconcile_interval_secs: 7\n").unwrap();
+    let (cfg, source) = Config::load_or_defaults_at(&default, &default).unwrap();
+    assert_eq!(
+        (cfg.reconcile_interval_secs, source),
+        (7, ConfigSource::File)
+    );
+    // A default file that exists but is broken is an error like any other.
+    std::fs::write(&default, "reconcile_interval_secs: soon\n").unwrap();
+    assert!(Config::load_or_defaults_at(&default, &default).is_err());
 }
 
 #[test]

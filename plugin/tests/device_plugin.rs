@@ -128,12 +128,51 @@ async fn setup_with(grace: u64, edit: impl FnOnce(&mut DevicePluginConfig)) -> S
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("device-plugins");
     let cdi = tmp.path().join("cdi");
+    let kubelet = DevicePluginKubelet::start(&dir).unwrap();
+    let mut cfg = dp_config(&dir, grace);
+    edit(&mut cfg);
+    let started = start_plugins(tmp.path(), &cfg);
+    // Nothing is served before the runtime's Synchronize opens the gate.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(kubelet.plugin(WHOLE).is_none());
+    assert_eq!(
+        started.plugins.registration(0),
+        Registration::WaitingForGate
+    );
+    started.gate.open();
+    for r in [WHOLE, SHARED, MIG] {
+        kubelet.wait_registered(r, WAIT).await.expect("registered");
+    }
+    Setup {
+        _tmp: tmp,
+        dir,
+        cdi,
+        engine: started.engine,
+        agent: started.agent,
+        health: started.health,
+        plugins: started.plugins,
+        kubelet,
+    }
+}
+
+/// The device plugins of a node whose runtime has synchronized, their gate still closed.
+struct Started {
+    engine: Arc<Engine>,
+    agent: Agent,
+    health: tokio::sync::watch::Sender<Arc<HealthReport>>,
+    plugins: Arc<DevicePlugins>,
+    gate: Gate,
+}
+
+/// Starts the engine (state and CDI dirs under `root`) and the device plugins of `cfg`.
+fn start_plugins(root: &Path, cfg: &DevicePluginConfig) -> Started {
+    let cdi = root.join("cdi");
     std::fs::create_dir_all(&cdi).unwrap();
     let inv = inventory();
     let node = Node::new(inv.clone(), &pools(), &Registry::with_builtins()).unwrap();
-    let journal = Checkpoint::load(&tmp.path().join("state"), "boot").unwrap();
+    let journal = Checkpoint::load(&root.join("state"), "boot").unwrap();
     let specs = cdi::SpecStore::open(cdi::StoreConfig {
-        dir: cdi.clone(),
+        dir: cdi,
         vendor: "accel.nri.io".into(),
         class: "device".into(),
         format: cdi::SpecFormat::Yaml,
@@ -150,36 +189,14 @@ async fn setup_with(grace: u64, edit: impl FnOnce(&mut DevicePluginConfig)) -> S
     // As after the runtime's first Synchronize.
     drop(agent.sync_started());
     let (monitor, health) = HealthMonitor::fixed(HealthReport::all_healthy(&inv));
-    let kubelet = DevicePluginKubelet::start(&dir).unwrap();
     let gate = Gate::new();
-    let plugins = DevicePlugins::start(
-        &{
-            let mut cfg = dp_config(&dir, grace);
-            edit(&mut cfg);
-            cfg
-        },
-        &pools(),
-        engine.clone(),
-        gate.clone(),
-        monitor,
-    );
-    // Nothing is served before the runtime's Synchronize opens the gate.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(kubelet.plugin(WHOLE).is_none());
-    assert_eq!(plugins.registration(0), Registration::WaitingForGate);
-    gate.open();
-    for r in [WHOLE, SHARED, MIG] {
-        kubelet.wait_registered(r, WAIT).await.expect("registered");
-    }
-    Setup {
-        _tmp: tmp,
-        dir,
-        cdi,
+    let plugins = DevicePlugins::start(cfg, &pools(), engine.clone(), gate.clone(), monitor);
+    Started {
         engine,
         agent,
         health,
         plugins,
-        kubelet,
+        gate,
     }
 }
 
@@ -326,6 +343,18 @@ async fn preferred_allocations_are_numa_local_and_skip_units_held_elsewhere() {
         .await
         .unwrap();
     assert_eq!(p.unhealthy(), ["gpu0"], "gpu0 is held by dra-1");
+    // The kubelet's API has one word for both; status tells a held device from a broken one.
+    let st = &s.plugins.status().resources[0];
+    assert!(st.unhealthy.is_empty(), "{:?}", st.unhealthy);
+    assert_eq!(st.held_elsewhere.len(), 1, "{:?}", st.held_elsewhere);
+    assert_eq!(
+        (
+            st.held_elsewhere[0].id.as_str(),
+            st.held_elsewhere[0].claim.as_str()
+        ),
+        ("gpu0", "dra-1")
+    );
+    assert_eq!((st.advertised, st.available), (4, 3));
     let mut two = client.preferred(&all, &[], 2).await.unwrap();
     two.sort();
     assert_eq!(two, ["gpu1", "gpu3"]);
@@ -728,4 +757,85 @@ async fn the_configured_connection_cap_holds_and_the_kubelets_listandwatch_is_ne
         "the stream was never cut"
     );
     s.plugins.shutdown().await;
+}
+
+/// The demo's crash step stalled 3 to 5 s under load ("kubelet socket calls still running after
+/// 3s", "the device plugins did not stop within 5 s"): the kubelet opened a ListAndWatch just as
+/// the daemon stopped, the stream's task first ran after the stop and waited for a stop signal
+/// it had already missed, holding its socket's server (and the whole shutdown) until aborted.
+/// Here the stream is opened after the stop, the latest a late task can start: it must end at
+/// once, and a stop with the kubelet's streams open must not wait for any grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listandwatch_whose_task_starts_after_the_stop_ends_at_once() {
+    use kubelet_proto::deviceplugin::Empty;
+    use kubelet_proto::deviceplugin::device_plugin_server::DevicePlugin;
+    use nri_accel::kubelet::device_plugin::service::DevicePluginService;
+    use tokio_stream::StreamExt;
+
+    let s = setup(60).await;
+    assert!(s.kubelet.plugin(WHOLE).unwrap().streaming);
+    let started = std::time::Instant::now();
+    s.plugins.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "stopping with the kubelet's streams open took {:?}",
+        started.elapsed()
+    );
+    // The streams the stop ended are not the kubelet dropping the plugin: nothing registered
+    // again on the way out.
+    for r in [WHOLE, SHARED, MIG] {
+        assert_eq!(s.kubelet.registrations(r), 1, "{r} registered again");
+    }
+    let service = DevicePluginService::new(s.plugins.clone(), 0);
+    let mut stream = service
+        .list_and_watch(tonic::Request::new(Empty {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let drained = tokio::time::timeout(Duration::from_secs(3), async {
+        while stream.next().await.is_some() {}
+    })
+    .await;
+    assert!(
+        drained.is_ok(),
+        "a ListAndWatch opened as the plugins stopped outlived the stop"
+    );
+}
+
+/// A stop that comes while a registration waits for a kubelet that accepted the connection and
+/// never answers (up to the registration's 10 s deadline) ends the plugins at once: the pass in
+/// progress is dropped, not waited for past the shutdown's own 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_registration_the_kubelet_never_answers_ends_the_plugins_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("device-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(dir.join("kubelet.sock")).unwrap();
+    let (accepted_tx, accepted) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Held open and never read: the registration waits for an answer.
+        let conn = listener.accept().map(|(c, _)| c);
+        let _ = accepted_tx.send(());
+        std::thread::sleep(Duration::from_secs(30));
+        drop(conn);
+    });
+    let started = start_plugins(tmp.path(), &dp_config(&dir, 60));
+    started.gate.open();
+    tokio::task::spawn_blocking(move || accepted.recv_timeout(WAIT))
+        .await
+        .unwrap()
+        .expect("the supervisor dials the kubelet");
+    let stopping = std::time::Instant::now();
+    started.plugins.shutdown().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(2),
+        "the stop waited {:?} for a registration",
+        stopping.elapsed()
+    );
+    let served: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "kubelet.sock")
+        .collect();
+    assert!(served.is_empty(), "sockets left behind: {served:?}");
 }

@@ -160,6 +160,20 @@ async fn an_empty_inventory_is_a_warning_from_the_config_and_from_a_sysfs_root()
         )),
         "{err}"
     );
+    assert!(
+        err.contains("check that the devices' drivers are loaded"),
+        "{err}"
+    );
+    // discover prints the same warning: it must not send the user to run discover.
+    let (_, _, err) = node
+        .cli(&[
+            "discover",
+            "--sysfs-root",
+            root.path().to_str().expect("utf-8"),
+        ])
+        .await;
+    assert!(err.contains("no accelerator was found under"), "{err}");
+    assert!(!err.contains("nri-accel discover"), "{err}");
 }
 
 #[tokio::test]
@@ -233,4 +247,10 @@ async fn the_shipped_binary_has_no_demo_and_says_where_it_is() {
     let (st, out, err) = run_bin(&["--help".to_string()]).await;
     assert!(st.success(), "{out}{err}");
     assert!(!out.contains("  demo "), "{out}");
+    // With --config before the subcommand too, the answer is the same.
+    let (st, _, err) = run_bin(&["--config".into(), "/x.yaml".into(), "demo".into()]).await;
+    assert_eq!(st.code(), Some(2), "{err}");
+    assert!(err.contains("this build has no demo"), "{err}");
+    let (_, help, _) = run_bin(&["run".into(), "--help".into()]).await;
+    assert!(help.contains("--config"), "{help}");
 }

@@ -51,7 +51,62 @@ async fn check_config_accepts_the_shipped_file_and_points_at_errors() {
     let (st, _, err) = run_bin(&args(&["status", "--config", missing.to_str().unwrap()])).await;
     assert!(!st.success());
     assert!(err.contains(missing.to_str().unwrap()), "{err}");
-    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+    assert_eq!(err.matches("no such config file").count(), 1, "{err}");
+}
+
+/// One rule for a missing config file, the same for every subcommand that reads one: a file
+/// named that is not there is an error naming it; the default path missing means the built-in
+/// defaults, and the command says so once (`check-config` in its answer).
+#[tokio::test]
+async fn every_subcommand_follows_one_rule_for_a_missing_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.yaml");
+    let missing = missing.to_str().unwrap();
+    let said = format!("{missing}: no such config file; name a file that exists");
+    let commands: [&[&str]; 8] = [
+        &["run"],
+        &["check-config"],
+        &["discover"],
+        &["cleanup"],
+        &["reconcile", "--dry-run"],
+        &["status"],
+        &["prepare", "c1"],
+        &["unprepare", "c1"],
+    ];
+    for command in commands {
+        let mut a = args(command);
+        a.extend(args(&["--config", missing]));
+        let (st, out, err) = run_bin(&a).await;
+        assert!(!st.success(), "{command:?} ran without its config: {out}");
+        assert_eq!(err.matches(&said).count(), 1, "{command:?}: {err}");
+    }
+    let (st, _, err) = run_bin(&args(&["check-config", missing])).await;
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert_eq!(err.matches(&said).count(), 1, "{err}");
+
+    // The default path: the built-in defaults where no file is there (CI's machines), the file
+    // where the package installed one.
+    let default = std::path::Path::new("/etc/nri-accel/config.yaml");
+    let absent = !default.exists();
+    let note = "nri-accel: /etc/nri-accel/config.yaml does not exist: using the built-in defaults";
+    let (st, out, err) = run_bin(&args(&["check-config"])).await;
+    if absent {
+        assert!(st.success(), "{out}{err}");
+        assert!(
+            out.starts_with(
+                "the built-in defaults (/etc/nri-accel/config.yaml does not exist): ok ("
+            ),
+            "{out}"
+        );
+    } else {
+        assert!(!out.contains("built-in defaults"), "{out}");
+    }
+    let commands: [&[&str]; 3] = [&["discover"], &["reconcile", "--dry-run"], &["cleanup"]];
+    for command in commands {
+        let (_, _, err) = run_bin(&args(command)).await;
+        let expected = usize::from(absent);
+        assert_eq!(err.matches(note).count(), expected, "{command:?}: {err}");
+    }
 }
 
 #[tokio::test]

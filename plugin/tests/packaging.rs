@@ -108,33 +108,66 @@ fn expand(source: &Path, dest: &str) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
+/// What a package installs: (source file, destination without the leading `/`), the unit
+/// included.
+fn installed(dir: &Path, package: &Value) -> Vec<(PathBuf, String)> {
+    let deb = &package["metadata"]["deb"];
+    let mut installed: Vec<(PathBuf, String)> = deb["assets"]
+        .as_array()
+        .expect("assets")
+        .iter()
+        .flat_map(|a| {
+            expand(
+                &dir.join(a[0].as_str().expect("source")),
+                a[1].as_str().expect("destination"),
+            )
+        })
+        .collect();
+    let unit_dir = deb["systemd-units"]["unit-scripts"]
+        .as_str()
+        .expect("unit dir");
+    let unit = deb["systemd-units"]["unit-name"]
+        .as_str()
+        .expect("unit name");
+    installed.push((
+        dir.join(unit_dir).join(format!("{unit}.service")),
+        format!("usr/lib/systemd/system/{unit}.service"),
+    ));
+    installed
+}
+
+/// The stock package's files, sources made canonical.
+fn stock_package() -> Vec<(PathBuf, String)> {
+    let (_, dir, package) = deb_packages()
+        .into_iter()
+        .find(|(n, _, _)| n == "nri-accel")
+        .expect("the nri-accel package");
+    installed(&dir, &package)
+        .into_iter()
+        // The binary's source is a build output that may not exist yet.
+        .map(|(source, dest)| (source.canonicalize().unwrap_or(source), dest))
+        .collect()
+}
+
+/// The workspace root.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// The `code` spans of a line of markdown.
+fn code_spans(line: &str) -> Vec<&str> {
+    line.split('`').skip(1).step_by(2).collect()
+}
+
 #[test]
 fn every_doc_an_installed_file_points_to_is_installed() {
     let packages = deb_packages();
     assert!(packages.iter().any(|(n, _, _)| n == "nri-accel"));
     for (name, dir, package) in &packages {
-        let deb = &package["metadata"]["deb"];
-        let mut installed: Vec<(PathBuf, String)> = deb["assets"]
-            .as_array()
-            .expect("assets")
-            .iter()
-            .flat_map(|a| {
-                expand(
-                    &dir.join(a[0].as_str().expect("source")),
-                    a[1].as_str().expect("destination"),
-                )
-            })
-            .collect();
-        let unit_dir = deb["systemd-units"]["unit-scripts"]
-            .as_str()
-            .expect("unit dir");
-        let unit = deb["systemd-units"]["unit-name"]
-            .as_str()
-            .expect("unit name");
-        installed.push((
-            dir.join(unit_dir).join(format!("{unit}.service")),
-            format!("usr/lib/systemd/system/{unit}.service"),
-        ));
+        let installed = installed(dir, package);
         let dests: BTreeSet<&str> = installed.iter().map(|(_, d)| d.as_str()).collect();
         let mut missing = Vec::new();
         for (source, dest) in &installed {
@@ -230,4 +263,117 @@ fn references_are_found_in_prose_and_paths() {
         ])
     );
     assert!(Path::new(DOC_DIR).is_relative());
+}
+
+/// packaging/README.md's table says where each file of packaging/ goes: the path it names is
+/// where the package puts it (a path without `/` is under the doc dir), `not installed` is not
+/// in the package, and no file of packaging/ is left out of the table.
+#[test]
+fn the_packaging_readme_says_where_each_file_goes() {
+    let installed = stock_package();
+    let packaging = repo().join("packaging");
+    let text = std::fs::read_to_string(packaging.join("README.md")).expect("packaging/README.md");
+    let mut covered: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut wrong = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split(" | ").collect();
+        let pattern = code_spans(cells[0])[0];
+        let sources: Vec<PathBuf> = match pattern.split_once("/*") {
+            Some((sub, ext)) => std::fs::read_dir(packaging.join(sub))
+                .expect("a folder of packaging/")
+                .map(|e| e.expect("entry").path())
+                .filter(|p| p.to_string_lossy().ends_with(ext))
+                .collect(),
+            None => vec![packaging.join(pattern)],
+        };
+        assert!(!sources.is_empty(), "{pattern} names no file");
+        for source in sources {
+            let source = source
+                .canonicalize()
+                .unwrap_or_else(|e| panic!("{pattern}: {e}"));
+            covered.insert(source.clone());
+            let dests: Vec<&str> = installed
+                .iter()
+                .filter(|(s, _)| *s == source)
+                .map(|(_, d)| d.as_str())
+                .collect();
+            if cells[1].contains("not installed") {
+                if !dests.is_empty() {
+                    wrong.push(format!(
+                        "{pattern}: said not installed, installed as {dests:?}"
+                    ));
+                }
+                continue;
+            }
+            let Some(said) = code_spans(cells[1]).first().copied() else {
+                // Merged into a generated file (prerm): nothing of its own is installed.
+                continue;
+            };
+            let expected = match said.strip_prefix('/') {
+                Some(absolute) => absolute.to_string(),
+                None => format!("{DOC_DIR}{said}"),
+            };
+            let found = dests
+                .iter()
+                .any(|d| *d == expected || (expected.ends_with('/') && d.starts_with(&expected)));
+            if !found {
+                wrong.push(format!("{pattern}: said {said}, installed as {dests:?}"));
+            }
+        }
+    }
+    for entry in walk(&packaging) {
+        if !covered.contains(&entry) {
+            wrong.push(format!("{} is not in the table", entry.display()));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every file under `dir`, canonical.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("readable") {
+        let path = e.expect("entry").path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path.canonicalize().expect("canonical"));
+        }
+    }
+    out
+}
+
+/// The operator guide's list of installed docs names every doc the package installs, and every
+/// source path it names (`packaging/...`, `docs/...`, `examples/...`) exists in the tree: a path
+/// that exists only in the package is written as its installed path.
+#[test]
+fn the_operator_guide_names_every_installed_doc_and_only_paths_the_tree_has() {
+    let installed = stock_package();
+    let text = std::fs::read_to_string(repo().join("docs/operator-guide.md")).expect("the guide");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| `/usr/share/doc/nri-accel/` |"))
+        .expect("the guide's row for /usr/share/doc/nri-accel/");
+    let mut missing = Vec::new();
+    for (_, dest) in &installed {
+        if let Some(doc) = dest.strip_prefix(DOC_DIR)
+            && doc.ends_with(".md")
+            && !doc.contains('/')
+            && !row.contains(doc)
+        {
+            missing.push(format!("the guide's list of installed docs lacks {doc}"));
+        }
+    }
+    for span in text.lines().flat_map(code_spans) {
+        let path = span.trim_end_matches(['.', ',', ':', ')']);
+        let source = ["packaging/", "docs/", "examples/", "plugin/", "tests/"]
+            .iter()
+            .any(|p| path.starts_with(p));
+        if source && !path.contains(['<', '*', ' ']) && !repo().join(path).exists() {
+            missing.push(format!(
+                "the guide names {path}, which the source tree lacks"
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
 }

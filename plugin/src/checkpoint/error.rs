@@ -8,12 +8,15 @@ use std::sync::Arc;
 /// What went wrong opening or committing the checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    /// A checkpoint file exists but cannot be read; nothing was changed.
+    /// A checkpoint file, or the checkpoint directory, exists but cannot be read; nothing was
+    /// changed.
     #[error(
-        "cannot read the checkpoint file {path}: {source}. Nothing was changed or deleted; fix the cause (permissions, disk) and start nri-accel again"
+        "cannot read the checkpoint {what} {path}: {source}. Nothing was changed or deleted; fix the cause (permissions, disk) and start nri-accel again"
     )]
     Unreadable {
-        /// The file that could not be read.
+        /// `file` or `directory`.
+        what: &'static str,
+        /// The file or directory that could not be read.
         path: PathBuf,
         /// What the kernel said.
         source: io::Error,

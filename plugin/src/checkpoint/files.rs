@@ -15,6 +15,7 @@ use super::format::MAX_FILE_BYTES;
 pub(crate) fn read_bounded(dir: &Dir, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
     let path = dir.display(name);
     let unreadable = |source| CheckpointError::Unreadable {
+        what: "file",
         path: path.clone(),
         source,
     };

@@ -1,7 +1,7 @@
 //! Loading the checkpoint: read both files, check them and replay the log, changing nothing.
 //! What a crash left to repair is noted in the [`Loaded`] result and done by [`Loaded::open`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use cdi::{Dir, DirError};
 use serde::Deserialize;
@@ -227,6 +227,23 @@ fn replay_wal<R: Payload, U: Payload>(
     Ok((good, torn))
 }
 
+/// Why the checkpoint directory at `path` could not be opened: one the kernel refused to open
+/// (permissions, I/O) is unreadable, like a file that cannot be read; a link or a file in its
+/// place is a wrong directory.
+fn dir_error(path: PathBuf, e: DirError) -> CheckpointError {
+    match e {
+        DirError::Io { source, .. } => CheckpointError::Unreadable {
+            what: "directory",
+            path,
+            source,
+        },
+        other => CheckpointError::Dir {
+            path,
+            reason: other.to_string(),
+        },
+    }
+}
+
 impl<R: Payload, U: Payload> Checkpoint<R, U> {
     /// Reads and checks the checkpoint in the directory `dir` without changing anything: a
     /// missing directory or missing files load as an empty checkpoint (`created` in the
@@ -238,10 +255,7 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
                 check_boot_id(boot_id)?;
                 Ok(Loaded::empty(Err(dir.to_owned()), boot_id))
             }
-            Err(e) => Err(CheckpointError::Dir {
-                path: dir.to_owned(),
-                reason: e.to_string(),
-            }),
+            Err(e) => Err(dir_error(dir.to_owned(), e)),
         }
     }
 
@@ -259,10 +273,7 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
                 check_boot_id(boot_id)?;
                 Ok(Loaded::empty(Err(parent.display(name)), boot_id))
             }
-            Err(e) => Err(CheckpointError::Dir {
-                path: parent.display(name),
-                reason: e.to_string(),
-            }),
+            Err(e) => Err(dir_error(parent.display(name), e)),
         }
     }
 
@@ -381,6 +392,7 @@ impl<R: Payload, U: Payload> Checkpoint<R, U> {
                 Ok(None) => {}
                 Err(source) => {
                     return Err(CheckpointError::Unreadable {
+                        what: "file",
                         path: dir.display(&name),
                         source,
                     });

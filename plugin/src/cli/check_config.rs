@@ -1,6 +1,8 @@
 //! `nri-accel check-config`: the checks `run` makes before it serves, short of connecting.
 //!
-//! The file is parsed and validated (errors name the line and column), then discovery runs and
+//! The config is read by the rule every command follows (a missing default file is the built-in
+//! defaults, and the answer says so; any other missing file is an error), parsed and validated
+//! (errors name the line and column), then discovery runs and
 //! the node is built from the inventory and the pools under this build's policies
 //! ([`crate::check`], the same function `run` calls). Warnings (a pool that selects nothing, a
 //! shadowed pool, an empty inventory) are printed and, with `--strict`, fail the check.
@@ -11,7 +13,6 @@ use std::process::ExitCode;
 use policies::Registry;
 
 use crate::check::CheckError;
-use crate::config::Config;
 
 /// Exit code of a config that `run` would refuse.
 const INVALID: u8 = 1;
@@ -25,12 +26,19 @@ pub fn run(
     strict: bool,
     registry: &Registry,
 ) -> anyhow::Result<ExitCode> {
-    let mut cfg = match Config::load(path) {
-        Ok(c) => c,
+    // The rule every command follows: a missing default file is the built-in defaults, which
+    // is then what `run` would run with and so what is checked.
+    let (mut cfg, defaulted) = match super::read_config(path) {
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("{e}");
             return Ok(ExitCode::from(INVALID));
         }
+    };
+    let checked_what = if defaulted {
+        format!("the built-in defaults ({} does not exist)", path.display())
+    } else {
+        path.display().to_string()
     };
     let from_flag = sysfs_root.is_some();
     if let Some(root) = sysfs_root {
@@ -45,14 +53,13 @@ pub fn run(
             return Ok(ExitCode::from(INVALID));
         }
         Err(e) => {
-            eprintln!("{}: {e}", path.display());
+            eprintln!("{checked_what}: {e}");
             return Ok(ExitCode::from(INVALID));
         }
     };
     let inventory = checked.node.inventory();
     println!(
-        "{}: ok ({} pool(s), {} device(s) found, state dir {}, CDI dir {}, NRI socket {})",
-        path.display(),
+        "{checked_what}: ok ({} pool(s), {} device(s) found, state dir {}, CDI dir {}, NRI socket {})",
         cfg.pools.len(),
         inventory.devices.len(),
         cfg.state_dir.display(),
@@ -65,8 +72,7 @@ pub fn run(
     }
     if strict && !checked.warnings.is_empty() {
         eprintln!(
-            "{}: {} warning(s) and --strict: not accepted",
-            path.display(),
+            "{checked_what}: {} warning(s) and --strict: not accepted",
             checked.warnings.len()
         );
         return Ok(ExitCode::from(WARNINGS));

@@ -40,6 +40,23 @@ pub fn version_text(registry: &Registry) -> String {
     }
 }
 
+/// The command line's definition. `--config` is global, but the demo runs its own simulated
+/// node and takes none: its own hidden `--config` keeps the global one out of `demo --help`
+/// (clap does not hand a global argument to a subcommand that has one of the same name), and is
+/// refused when given.
+pub fn command(version: &'static str) -> clap::Command {
+    Cli::command()
+        .version(version)
+        .mut_subcommand("demo", |demo| {
+            demo.arg(
+                clap::Arg::new("config")
+                    .long("config")
+                    .hide(true)
+                    .value_parser(clap::value_parser!(std::path::PathBuf)),
+            )
+        })
+}
+
 /// Runs the nri-accel command line with `registry` as the policies pools may name: parses the
 /// arguments, sets up logging, runs the subcommand and answers the process exit code. The stock
 /// binary is `main_with(Registry::with_builtins())`; it has no demo (`demo` says where it is).
@@ -48,16 +65,18 @@ pub fn main_with(registry: Registry) -> ExitCode {
 }
 
 /// The same command line with `demo` as the body of the `demo` subcommand: the demo build
-/// (tests/demo), the one place that links the simulators it runs on.
-pub fn main_with_demo(registry: Registry, demo: DemoFn) -> ExitCode {
-    main_inner(registry, Some(demo))
+/// (tests/demo), the one place that links the simulators it runs on. `capture_log` installs the
+/// demo's log subscriber, which keeps the daemon's log for the story; it replaces the usual
+/// logging for `demo` unless a filter was asked for (`--log` or `RUST_LOG`).
+pub fn main_with_demo(registry: Registry, demo: DemoFn, capture_log: fn()) -> ExitCode {
+    main_inner(registry, Some((demo, capture_log)))
 }
 
-fn main_inner(registry: Registry, demo: Option<DemoFn>) -> ExitCode {
+fn main_inner(registry: Registry, demo: Option<(DemoFn, fn())>) -> ExitCode {
     crate::allocator::return_large_buffers();
     // Leaked once per process: clap keeps the version as a `&'static str`.
     let version: &'static str = Box::leak(version_text(&registry).into_boxed_str());
-    let mut command = Cli::command().version(version);
+    let mut command = command(version);
     if demo.is_none() {
         // Still parsed, so that `nri-accel demo` says where the demo is instead of "unknown
         // subcommand"; not offered in the help of a build that cannot run it.
@@ -68,7 +87,11 @@ fn main_inner(registry: Registry, demo: Option<DemoFn>) -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let config_given = matches.value_source("config") == Some(ValueSource::CommandLine);
+    let on_demo = matches
+        .subcommand_matches("demo")
+        .and_then(|m| m.value_source("config"));
+    let config_given =
+        [matches.value_source("config"), on_demo].contains(&Some(ValueSource::CommandLine));
     if matches!(cli.command, Command::Demo { .. }) && config_given && demo.is_some() {
         eprintln!(
             "nri-accel: demo runs on its own simulated node and takes no --config; run it \
@@ -84,17 +107,28 @@ fn main_inner(registry: Registry, demo: Option<DemoFn>) -> ExitCode {
             Ok(loaded) => Some(loaded),
             Err(e) => {
                 LogSettings::decide(cli.log.as_deref(), None).install();
-                eprintln!("nri-accel: {}", error_chain(&e));
+                eprintln!("nri-accel: {e}");
                 return ExitCode::FAILURE;
             }
         },
         _ => None,
     };
-    LogSettings::decide(
-        cli.log.as_deref(),
-        daemon_config.as_ref().map(|(c, _)| &c.log),
-    )
-    .install();
+    // The demo shows its daemon's log inside its story, unless a filter was asked for.
+    let filter_asked =
+        cli.log.is_some() || std::env::var_os("RUST_LOG").is_some_and(|v| !v.is_empty());
+    let demo_run = demo.map(|(run, _)| run);
+    let capture_log = demo
+        .map(|(_, capture_log)| capture_log)
+        .filter(|_| matches!(cli.command, Command::Demo { .. }) && !filter_asked);
+    if let Some(capture_log) = capture_log {
+        capture_log();
+    } else {
+        LogSettings::decide(
+            cli.log.as_deref(),
+            daemon_config.as_ref().map(|(c, _)| &c.log),
+        )
+        .install();
+    }
 
     let runtime = match cli.command {
         // The daemon and the demo serve sockets: two workers. The one-shot commands run on the
@@ -122,7 +156,7 @@ fn main_inner(registry: Registry, demo: Option<DemoFn>) -> ExitCode {
     match daemon_config {
         Some((config, defaulted)) => {
             if defaulted {
-                super::note_defaults();
+                super::note_defaults(true);
             }
             super::run::drop_privileges(&config);
             match runtime.block_on(super::run::run(&config, &registry)) {
@@ -135,7 +169,7 @@ fn main_inner(registry: Registry, demo: Option<DemoFn>) -> ExitCode {
                 }
             }
         }
-        None => match runtime.block_on(super::dispatch(cli, &registry, demo)) {
+        None => match runtime.block_on(super::dispatch(cli, &registry, demo_run)) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("nri-accel: {}", error_chain(&e));

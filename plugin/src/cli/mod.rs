@@ -5,13 +5,14 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 /// Default config file path.
-pub const DEFAULT_CONFIG: &str = "/etc/nri-accel/config.yaml";
+pub const DEFAULT_CONFIG: &str = crate::config::DEFAULT_CONFIG_PATH;
 
 /// nri-accel: hands a node's accelerators to containers through NRI, DRA claims and CDI.
 #[derive(Debug, Parser)]
 #[command(name = "nri-accel", version, about, long_about = None)]
 pub struct Cli {
-    /// Config file.
+    /// Config file. It must exist, except the default: without it, every command uses the
+    /// built-in defaults and says so.
     #[arg(long, global = true, default_value = DEFAULT_CONFIG, env = "NRI_ACCEL_CONFIG")]
     pub config: PathBuf,
     /// Log filter (tracing env-filter syntax), e.g. `info` or `nri_accel=debug`.
@@ -143,26 +144,30 @@ pub const NO_DEMO: &str = "this build has no demo: the simulated runtime and nod
 
 use crate::config::Config;
 
-/// Reads the config named on the command line; a missing default file gives the defaults
-/// (`true` in the answer: say so once logging is set up, see [`note_defaults`]).
-pub fn read_config(path: &std::path::Path) -> anyhow::Result<(Config, bool)> {
-    if path == std::path::Path::new(DEFAULT_CONFIG) && !path.exists() {
-        return Ok((Config::default(), true));
+/// Reads the config named on the command line by the rule of
+/// [`Config::load_or_defaults`]; `true` in the answer when the built-in defaults are used (say
+/// so once logging is set up: [`note_defaults`]).
+pub fn read_config(path: &std::path::Path) -> Result<(Config, bool), crate::config::ConfigError> {
+    let (config, source) = Config::load_or_defaults(path)?;
+    Ok((config, source == crate::config::ConfigSource::Defaults))
+}
+
+/// Says that the default config file is absent and the built-in defaults are used: the daemon
+/// in its log, a one-shot command in one line on stderr (its answer stays on stdout).
+pub fn note_defaults(daemon: bool) {
+    if daemon {
+        tracing::info!("{}", crate::config::DEFAULTS_NOTE);
+    } else {
+        eprintln!("nri-accel: {}", crate::config::DEFAULTS_NOTE);
     }
-    // The error names the file, the line and the column already.
-    Ok((Config::load(path)?, false))
 }
 
-/// Logs that the default config file is absent and the built-in defaults are used.
-pub fn note_defaults() {
-    tracing::info!("{DEFAULT_CONFIG} not found: using the built-in defaults");
-}
-
-/// Loads the config named on the command line; a missing default file gives the defaults.
+/// Loads the config named on the command line for a one-shot command (the rule of
+/// [`Config::load_or_defaults`]), saying so when the defaults are used.
 pub fn load_config(path: &std::path::Path) -> anyhow::Result<Config> {
     let (config, defaulted) = read_config(path)?;
     if defaulted {
-        note_defaults();
+        note_defaults(false);
     }
     Ok(config)
 }
@@ -175,7 +180,13 @@ pub async fn dispatch(
     demo: Option<DemoFn>,
 ) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run => run::run(&load_config(&cli.config)?, registry).await,
+        Command::Run => {
+            let (config, defaulted) = read_config(&cli.config)?;
+            if defaulted {
+                note_defaults(true);
+            }
+            run::run(&config, registry).await
+        }
         Command::Demo { keep } => match demo {
             Some(demo) => demo(keep, registry).await,
             None => {

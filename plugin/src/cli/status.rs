@@ -208,8 +208,8 @@ fn device_plugins(out: &mut String, dp: &Value) {
     );
     let _ = writeln!(
         out,
-        "{:<32} {:<12} {:<22} {:>10} {:>7} {:>5}",
-        "RESOURCE", "POOL", "REGISTRATION", "ADVERTISED", "HEALTHY", "HELD"
+        "{:<32} {:<12} {:<22} {:>10} {:>9} {:>5}",
+        "RESOURCE", "POOL", "REGISTRATION", "ADVERTISED", "AVAILABLE", "HELD"
     );
     for r in dp["resources"].as_array().into_iter().flatten() {
         let reg = &r["registration"];
@@ -217,12 +217,12 @@ fn device_plugins(out: &mut String, dp: &Value) {
         let held = r["held"].as_array().cloned().unwrap_or_default();
         let _ = writeln!(
             out,
-            "{:<32} {:<12} {:<22} {:>10} {:>7} {:>5}",
+            "{:<32} {:<12} {:<22} {:>10} {:>9} {:>5}",
             s(&r["name"]),
             s(&r["pool"]),
             state,
             s(&r["advertised"]),
-            s(&r["healthy"]),
+            s(&r["available"]),
             held.len()
         );
         if let Some(reason) = reg["reason"].as_str() {
@@ -248,8 +248,16 @@ fn device_plugins(out: &mut String, dp: &Value) {
                 s(&h["pod"])
             );
         }
+        for e in r["held_elsewhere"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "  not offered {}: claim {} holds it (granted outside this device plugin)",
+                s(&e["id"]),
+                s(&e["claim"])
+            );
+        }
         for u in r["unhealthy"].as_array().into_iter().flatten() {
-            let _ = writeln!(out, "  unhealthy {}: {}", s(&u["id"]), s(&u["reason"]));
+            let _ = writeln!(out, "  UNHEALTHY {}: {}", s(&u["id"]), s(&u["reason"]));
         }
     }
 }

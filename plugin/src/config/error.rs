@@ -35,6 +35,18 @@ impl fmt::Display for At<'_> {
 /// `nri-accel check-config` can print them as `file:line:column: message`.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The file does not exist, and it is not the default path (which may be missing: see
+    /// [`crate::config::Config::load_or_defaults`]).
+    #[error(
+        "{}: no such config file; name a file that exists (only the default, {}, may be missing: \
+         the built-in defaults are then used)",
+        path.display(),
+        crate::config::DEFAULT_CONFIG_PATH
+    )]
+    Missing {
+        /// The path given.
+        path: PathBuf,
+    },
     /// The file could not be opened or read.
     #[error("{}: cannot read the config file: {source}", path.display())]
     Io {

@@ -46,12 +46,57 @@ fn parse_options() -> serde_saphyr::Options {
     }
 }
 
+/// Where the config [`Config::load_or_defaults`] answered came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// The file at the path given.
+    File,
+    /// The built-in defaults: the path was [`DEFAULT_CONFIG_PATH`] and no file is there.
+    Defaults,
+}
+
+/// What a command says when [`ConfigSource::Defaults`] applies.
+pub const DEFAULTS_NOTE: &str = "/etc/nri-accel/config.yaml does not exist: using the built-in \
+    defaults (the ones the packaged file states); name another file with --config";
+
 impl Config {
+    /// The config every subcommand runs with, by one rule: the file at `path`, which must exist,
+    /// except that a missing [`DEFAULT_CONFIG_PATH`] means the built-in defaults (a node without
+    /// a config file runs as the packaged file, which states exactly those). The rule looks at
+    /// the path, not at how it was given, so the packaged unit's explicit
+    /// `--config /etc/nri-accel/config.yaml` behaves as leaving `--config` out, and
+    /// `check-config` checks what `run` would run with.
+    pub fn load_or_defaults(path: &Path) -> Result<(Config, ConfigSource), ConfigError> {
+        Config::load_or_defaults_at(path, Path::new(DEFAULT_CONFIG_PATH))
+    }
+
+    /// [`Config::load_or_defaults`] with `default` as the path that may be missing (tests use a
+    /// temp path; the binary uses [`DEFAULT_CONFIG_PATH`]).
+    pub fn load_or_defaults_at(
+        path: &Path,
+        default: &Path,
+    ) -> Result<(Config, ConfigSource), ConfigError> {
+        match Config::load(path) {
+            Err(ConfigError::Missing { .. }) if path == default => {
+                Ok((Config::default(), ConfigSource::Defaults))
+            }
+            loaded => loaded.map(|c| (c, ConfigSource::File)),
+        }
+    }
+
     /// Reads, parses and validates the config file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let io = |source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
+        let io = |source: std::io::Error| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                ConfigError::Missing {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                ConfigError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            }
         };
         let file = std::fs::File::open(path).map_err(io)?;
         let mut text = String::new();
@@ -163,5 +208,41 @@ fn plain_type_error(message: &str) -> String {
     if message == "invalid socket address syntax" {
         return "expected an address and port such as 127.0.0.1:9464 or [::1]:9464".to_string();
     }
+    if let Some(found) = message
+        .strip_prefix("invalid type: ")
+        .and_then(|m| m.strip_suffix(", expected internally tagged enum FamilyConfig"))
+    {
+        return family_form_error(found);
+    }
+    if message == "missing field `kind`" {
+        return format!("the family names no kind; the accepted forms are {FAMILY_FORMS}");
+    }
     message.to_string()
+}
+
+/// Every form a pool's `family` may take (docs/configuration.md, `pools`).
+const FAMILY_FORMS: &str = "{kind: exclusive}, {kind: shared, replicas: <shares per device>}, \
+    {kind: sliced, slots: <n>, profiles: [...]} and {kind: custom, policy: <name>}";
+
+/// A `family` that is not a mapping (`family: exclusive`): what was found, the forms accepted,
+/// and the one meant when the value is a kind's name.
+fn family_form_error(found: &str) -> String {
+    let meant = found
+        .strip_prefix("string ")
+        .map(|s| s.trim_matches('"'))
+        .and_then(|kind| match kind {
+            "exclusive" => Some("family: {kind: exclusive}".to_string()),
+            "shared" => Some("family: {kind: shared, replicas: 4}".to_string()),
+            "sliced" => Some("family: {kind: sliced, slots: 8, profiles: [...]}".to_string()),
+            "custom" => Some("family: {kind: custom, policy: <name>}".to_string()),
+            _ => None,
+        });
+    let mut text = format!(
+        "expected a mapping with the family's kind and its parameters, found {found}; \
+         the accepted forms are {FAMILY_FORMS}"
+    );
+    if let Some(meant) = meant {
+        text.push_str(&format!(" (here, for example: {meant})"));
+    }
+    text
 }

@@ -8,6 +8,7 @@
 //! the demo would put the simulators into the binary the .deb ships.
 
 mod steps;
+mod story;
 
 use std::process::ExitCode;
 
@@ -20,5 +21,5 @@ fn demo(keep: bool, registry: &Registry) -> LocalBoxFuture<'_, anyhow::Result<Ex
 }
 
 fn main() -> ExitCode {
-    nri_accel::cli::main_with_demo(Registry::with_builtins(), demo)
+    nri_accel::cli::main_with_demo(Registry::with_builtins(), demo, story::capture_log)
 }

@@ -1,6 +1,6 @@
 //! The demo's steps: the whole path on an embedded simulated node, runtime and Kubernetes
 //! (kube-sim's API server, scheduler and kubelet), over real sockets in a temp dir, explained
-//! step by step.
+//! step by step. Every term it uses is in docs/glossary.md, which its first lines point to.
 
 mod kubernetes;
 
@@ -20,7 +20,12 @@ use nri_accel::fixtures::{self, config};
 /// The device plugin resource of the demo's pool `whole`.
 const DP_WHOLE: &str = "accel.nri.io/whole";
 
+use crate::story::Story;
+
 const WAIT: Duration = Duration::from_secs(10);
+
+/// Where the words of the story are explained, in the source and on an installed node.
+const GLOSSARY: &str = "docs/glossary.md (installed: /usr/share/doc/nri-accel/glossary.md)";
 
 fn pod(name: &str, annotations: &[(&str, &str)]) -> PodSandbox {
     fixtures::pod("demo", name, annotations)
@@ -28,10 +33,6 @@ fn pod(name: &str, annotations: &[(&str, &str)]) -> PodSandbox {
 
 fn count_claim(uid: &str, family: Family, profile: Option<&str>) -> ClaimSpec {
     fixtures::count_claim("demo", uid, family, profile)
-}
-
-fn step(n: u32, title: &str) {
-    println!("\n── {n}. {title}");
 }
 
 async fn prepare(client: &ClaimsClient, spec: ClaimSpec) -> anyhow::Result<Vec<String>> {
@@ -56,6 +57,8 @@ async fn prepare(client: &ClaimsClient, spec: ClaimSpec) -> anyhow::Result<Vec<S
     }
 }
 
+/// Prints the adjustment the runtime got for container `id`: what nri-accel changed in the
+/// container before it started.
 fn show_adjustment(fake: &FakeRuntime, id: &str) {
     let Some((_, adj)) = fake.adjustments().into_iter().rev().find(|(c, _)| c == id) else {
         println!("   (no adjustment recorded)");
@@ -81,6 +84,47 @@ fn show_adjustment(fake: &FakeRuntime, id: &str) {
     }
 }
 
+/// Prints the container updates the runtime received after the first `replied` reply updates
+/// and `pushed` UpdateContainers calls: other containers' new cpusets.
+fn show_updates(fake: &FakeRuntime, replied: usize, pushed: usize) {
+    for u in fake.reply_updates().iter().skip(replied) {
+        let cpu = u
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .and_then(|r| r.cpu.as_ref());
+        println!(
+            "   container update in the same reply: {} -> cpus {} mems {}",
+            u.container_id,
+            cpu.map_or("-", |c| c.cpus.as_str()),
+            cpu.map_or("-", |c| c.mems.as_str())
+        );
+    }
+    for u in fake
+        .updates()
+        .iter()
+        .skip(pushed)
+        .flat_map(|r| r.update.iter())
+    {
+        let cpu = u
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .and_then(|r| r.cpu.as_ref());
+        println!(
+            "   container update pushed (UpdateContainers): {} -> cpus {} mems {}",
+            u.container_id,
+            cpu.map_or("-", |c| c.cpus.as_str()),
+            cpu.map_or("-", |c| c.mems.as_str())
+        );
+    }
+}
+
+/// How many reply updates and UpdateContainers calls the runtime has seen so far.
+fn updates_seen(fake: &FakeRuntime) -> (usize, usize) {
+    (fake.reply_updates().len(), fake.updates().len())
+}
+
 /// Runs the demo with `registry` as the daemon's policies; exits 0 when every step behaved as
 /// described.
 pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<ExitCode> {
@@ -91,6 +135,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     let dir = tmp.path().to_path_buf();
     let mut cfg = config(&dir);
     let api = kubernetes::enable(&mut cfg, &dir).await?;
+    let mut story = Story::new();
     println!(
         "nri-accel demo: a simulated node (16 CPUs, 2 NUMA nodes, 4 GPUs), an embedded container"
     );
@@ -99,11 +144,15 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         api.addr()
     );
     println!(
-        "the claims API and the kubelet's DRA gRPC over real unix sockets in {}",
+        "the claims API and the kubelet's DRA gRPC over real unix sockets in {}.",
         dir.display()
     );
+    println!("The node's pools: whole (gpu0, gpu1: one whole GPU per claim, plus 2 CPUs of its");
+    println!("NUMA node for that claim alone), shared (gpu2: 4 time-sliced shares) and mig (gpu3:");
+    println!("cut into slices by profile). Every term below (gate, Synchronize, claim, CDI spec,");
+    println!("adjustment, record, ...) is explained in {GLOSSARY}.");
 
-    step(
+    story.step(
         1,
         "the runtime starts with one pod already running; the daemon starts",
     );
@@ -128,10 +177,14 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     )
     .await
     .context("starting the daemon")?;
-    println!(
-        "   gate open before Synchronize? {}",
-        daemon.gate().is_open()
-    );
+    if daemon.gate().is_open() {
+        println!("   the runtime's Synchronize came at once; the gate is already open");
+    } else {
+        println!(
+            "   the gate is closed: every claim is refused until the runtime's Synchronize has told"
+        );
+        println!("   the daemon which containers already run (they may hold devices)");
+    }
     fake.wait_synchronized(1, WAIT)
         .await
         .context("waiting for Synchronize")?;
@@ -139,19 +192,19 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         .await
         .context("waiting for the gate")?;
     println!(
-        "   registered, configured and synchronized; gate open: {}",
-        daemon.gate().is_open()
+        "   registered with the runtime and synchronized ({} running container: c-web); the gate is open",
+        fake.containers().len()
     );
 
     let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
 
-    step(
+    story.step(
         2,
         "Kubernetes: slices published, a claim scheduled from them, prepared for the kubelet",
     );
     kubernetes::run(&cfg, &api, &fake, &client).await?;
 
-    step(
+    story.step(
         3,
         "a DRA driver prepares three claims through the claims API (one per family)",
     );
@@ -163,37 +216,54 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     )
     .await?;
     println!(
-        "   specs in {}: {}",
-        cfg.cdi.dir.display(),
+        "   one CDI spec file per claim in {} (the runtime reads the devices to inject from it; its",
+        cfg.cdi.dir.display()
+    );
+    println!(
+        "   existence proves the grant): {}",
         list_specs(&cfg.cdi.dir)
     );
 
-    step(
+    story.step(
         4,
         "the runtime creates the claim's container with its CDI devices; nri-accel adjusts it",
     );
+    let exclusive = daemon
+        .agent()
+        .engine()
+        .claims()
+        .into_iter()
+        .find(|(a, _)| a.claim_uid == "claim-whole")
+        .map(|(a, _)| a.cpus.to_string())
+        .context("claim-whole holds nothing")?;
     let train = pod("train", &[]);
     fake.add_pod(train.clone());
     let trainer = fixtures::container("c-train-000000000000001", &train, "trainer", &whole);
+    let (replied, pushed) = updates_seen(&fake);
     fake.create_container(&train, &trainer).await?;
     fake.add_container(trainer.clone());
     show_adjustment(&fake, &trainer.id);
-    let updates = fake.updates();
-    for u in updates.iter().flat_map(|r| r.update.iter()) {
-        let cpus = u
-            .linux
-            .as_ref()
-            .and_then(|l| l.resources.as_ref())
-            .and_then(|r| r.cpu.as_ref())
-            .map(|c| c.cpus.clone())
-            .unwrap_or_default();
-        println!(
-            "   UpdateContainers (outside the handler): {} -> cpus {}",
-            u.container_id, cpus
-        );
-    }
+    println!(
+        "   why that cpuset: claim-whole's GPU sits on NUMA node 0; pool whole gives each of its"
+    );
+    println!(
+        "   claims 2 CPUs of that node for itself (cpus_per_device: 2), so claim-whole took CPUs {exclusive}"
+    );
+    println!("   and its container runs there, with the memory of NUMA node 0 (mems 0)");
+    println!(
+        "   CPUs {exclusive} left the shared CPUs, where containers without such a claim run; any container"
+    );
+    println!("   still on them is moved off by a container update:");
+    show_updates(&fake, replied, pushed);
+    let status = client.status().await?;
+    println!(
+        "   shared CPUs now: {}",
+        status.document["policy"]["shared_cpus"]
+            .as_str()
+            .unwrap_or("-")
+    );
 
-    step(
+    story.step(
         5,
         "the annotation path: a pod without DRA asks for a GPU in an annotation",
     );
@@ -206,8 +276,18 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     fake.create_container(&notebook, &jupyter).await?;
     fake.add_container(jupyter.clone());
     show_adjustment(&fake, &jupyter.id);
+    println!(
+        "   CreateContainer prepared a claim for the container (ctr-cnb...) and answered the grant"
+    );
+    println!(
+        "   in the adjustment: device nodes, not a CDI name (the spec is written during this very"
+    );
+    println!(
+        "   call, too late for the runtime's CDI cache); the CPUs of the shared pool near gpu2 (a"
+    );
+    println!("   shared GPU takes no CPUs for itself); the share's limits as env");
 
-    step(
+    story.step(
         6,
         "clusters without DRA: the kubelet admits a container through nri-accel's device plugin",
     );
@@ -227,7 +307,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
             if d.healthy {
                 "free"
             } else {
-                "held by claim-whole"
+                "held by claim-whole (sent as Unhealthy: the device plugin API's only word for \"not yours to hand out\")"
             }
         );
     }
@@ -244,20 +324,21 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     fake.create_container(&serve, &server).await?;
     fake.add_container(server.clone());
     show_adjustment(&fake, &server.id);
+    story.expect_log(&["Allocate refused", "is still held by container c-serve-"]);
     let again = kubelet.client(DP_WHOLE).await?.allocate(&ids).await;
     match again {
-        Err(e) => println!("   the same GPU for another container: {e}"),
+        Err(e) => println!("   the same GPU for another container is refused, as it must be: {e}"),
         Ok(_) => bail!("a second Allocate of a held GPU was not refused"),
     }
 
-    step(7, "status");
+    story.step(7, "status (what `nri-accel status` prints on a node)");
     let report = client.status().await?;
     print!(
         "{}",
         indent(&nri_accel::cli::status::render(&report.document))
     );
 
-    step(
+    story.step(
         8,
         "an early prepare: a new claim names the device claim-whole still holds",
     );
@@ -281,13 +362,14 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
             share_id: None,
         }]),
     };
+    story.expect_log(&["claim not prepared", "claim=claim-next"]);
     match client.prepare(vec![early.clone()]).await?.get("claim-next") {
         Some(Err(e)) => println!("   refused, as it must be: {e}"),
         Some(Ok(_)) => bail!("the early prepare of claim-next was granted; it must be refused"),
         None => bail!("the daemon did not answer for claim-next"),
     }
 
-    step(
+    story.step(
         9,
         "the old claim is unprepared (its pod went away); the retry now succeeds",
     );
@@ -323,7 +405,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         "   the device plugin's container is removed too: its claim goes with it ({left} device plugin claims left)"
     );
 
-    step(
+    story.step(
         10,
         "a crash: the daemon dies after writing a spec's temp file, and restarts",
     );
@@ -359,6 +441,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     fake.wait_synchronized(2, WAIT).await?;
     tokio::time::timeout(WAIT, dying.gate().wait_open()).await?;
     let client = ClaimsClient::connect(&cfg.claims_api.socket).await?;
+    story.expect_log(&["claim not prepared", "claim=claim-crash"]);
     let answer = client
         .prepare(vec![count_claim("claim-crash", Family::Exclusive, None)])
         .await?;
@@ -368,10 +451,11 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
         None => bail!("the daemon did not answer for claim-crash"),
     }
     println!(
-        "   on disk now: records include claim-crash, its spec is only a temp file: {}",
+        "   on disk now: the checkpoint has a record of claim-crash, but its spec is only a temp file: {}",
         list_specs(&cfg.cdi.dir)
     );
     dying.shutdown().await;
+    story.expect_log(&["rolled back a half-prepared claim", "claim=claim-crash"]);
     let restarted = nri_accel::daemon::Daemon::start(
         &cfg,
         nri_accel::daemon::DaemonOptions {
@@ -382,7 +466,10 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     )
     .await?;
     let plan = &restarted.startup_report().plan;
-    println!("   after restart: restored {}", words(&plan.restore));
+    println!(
+        "   after restart: restored (record and spec) {}",
+        words(&plan.restore)
+    );
     println!(
         "   rolled back (record without spec): {}",
         words(&plan.roll_back)
@@ -402,6 +489,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
     restarted.shutdown().await;
     kubelet.stop().await;
     fake.stop().await;
+    story.show_log();
 
     println!("\ndemo complete: every step behaved as described.");
     if keep {

@@ -1,12 +1,14 @@
 //! What ListAndWatch tells the kubelet: every advertised device, its NUMA node, and whether the
 //! kubelet may hand it out.
 //!
-//! A device is unhealthy when the health monitor says so (its PCI function, driver binding or
-//! device node is gone), and also while a claim made through another door (the claims API, a
-//! pod annotation, an adopted device, another resource) holds any part of its unit: the kubelet
-//! only counts healthy devices as allocatable, so the scheduler does not place a pod on units
-//! the node has already given away. Units held by this resource's own allocations stay healthy:
-//! the kubelet tracks those itself.
+//! The device plugin API has one word for a device the kubelet may not hand out: `Unhealthy`.
+//! nri-accel sends it for two reasons, which it keeps apart everywhere else ([`Unavailable`]):
+//! the health monitor found the device broken (its PCI function, driver binding or device node is
+//! gone), or a claim made through another door (the claims API, a pod annotation, an adopted
+//! device, another resource) holds any part of its unit. The kubelet only counts healthy devices
+//! as allocatable, so the scheduler does not place a pod on units the node has already given
+//! away. Units held by this resource's own allocations stay healthy: the kubelet tracks those
+//! itself.
 
 use std::collections::BTreeMap;
 
@@ -24,8 +26,31 @@ pub struct Listed {
     pub id: String,
     /// Its NUMA node, if known.
     pub numa: Option<u32>,
-    /// Why the kubelet may not hand it out; `None` when healthy.
-    pub unhealthy: Option<String>,
+    /// Why the kubelet may not hand it out; `None` when it may.
+    pub unavailable: Option<Unavailable>,
+}
+
+/// Why the kubelet may not hand a device out (both are `Unhealthy` on the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    /// The health monitor found the device broken; the sentence names what.
+    Unhealthy(String),
+    /// The device works, but a claim granted through another door holds (part of) it.
+    HeldElsewhere {
+        /// The claim holding it.
+        claim: String,
+        /// The sentence for `status`: what is held, by which claim.
+        reason: String,
+    },
+}
+
+impl Unavailable {
+    /// The sentence for `status`.
+    pub fn reason(&self) -> &str {
+        match self {
+            Unavailable::Unhealthy(reason) | Unavailable::HeldElsewhere { reason, .. } => reason,
+        }
+    }
 }
 
 /// A unit of a device held by a claim, and whether the claim is this resource's own.
@@ -84,8 +109,8 @@ pub fn list(
         .iter()
         .map(|a| {
             let h = health.of(&a.device_id);
-            let unhealthy = if !h.healthy {
-                Some(h.reason)
+            let unavailable = if !h.healthy {
+                Some(Unavailable::Unhealthy(h.reason))
             } else {
                 holds
                     .get(&a.device_id)
@@ -99,16 +124,19 @@ pub fn list(
                             Unit::Whole => format!("device {}", a.device_id),
                             ref part => format!("{part} of device {}", a.device_id),
                         };
-                        format!(
-                            "{what} is held by claim {}, granted outside this resource",
-                            hold.claim
-                        )
+                        Unavailable::HeldElsewhere {
+                            claim: hold.claim.clone(),
+                            reason: format!(
+                                "{what} is held by claim {}, granted outside this resource",
+                                hold.claim
+                            ),
+                        }
                     })
             };
             Listed {
                 id: a.id.clone(),
                 numa: a.numa,
-                unhealthy,
+                unavailable,
             }
         })
         .collect()
@@ -121,7 +149,7 @@ pub fn to_response(listed: &[Listed]) -> pb::ListAndWatchResponse {
             .iter()
             .map(|l| pb::Device {
                 id: l.id.clone(),
-                health: if l.unhealthy.is_none() {
+                health: if l.unavailable.is_none() {
                     kubelet_proto::DEVICE_HEALTHY
                 } else {
                     kubelet_proto::DEVICE_UNHEALTHY
@@ -158,7 +186,7 @@ mod tests {
     }
 
     #[test]
-    fn foreign_holds_and_bad_health_are_unhealthy_own_holds_are_not() {
+    fn foreign_holds_and_bad_health_are_unavailable_own_holds_are_not() {
         let r = resource();
         let mut holds = BTreeMap::new();
         holds.insert(
@@ -181,14 +209,17 @@ mod tests {
             checked_at: SystemTime::now(),
         };
         let l = list(&r, &holds, &health);
-        assert_eq!(l[0].unhealthy, None);
+        assert_eq!(l[0].unavailable, None);
         assert_eq!(
-            l[1].unhealthy.as_deref(),
-            Some(
-                "replica 1 of device g0 is held by claim api-claim, granted outside this resource"
-            )
+            l[1].unavailable,
+            Some(Unavailable::HeldElsewhere {
+                claim: "api-claim".into(),
+                reason:
+                    "replica 1 of device g0 is held by claim api-claim, granted outside this resource"
+                        .into()
+            })
         );
-        assert_eq!(l[2].unhealthy, None);
+        assert_eq!(l[2].unavailable, None);
         let msg = to_response(&l);
         assert_eq!(msg.devices[1].health, "Unhealthy");
         assert_eq!(msg.devices[2].health, "Healthy");
@@ -202,9 +233,10 @@ mod tests {
             },
         );
         let l = list(&r, &holds, &health);
-        assert!(
-            l.iter()
-                .all(|d| d.unhealthy.as_deref() == Some("device g0 (PCI x) is gone from sysfs"))
-        );
+        // A broken device is unhealthy, whoever holds it.
+        assert!(l.iter().all(|d| d.unavailable
+            == Some(Unavailable::Unhealthy(
+                "device g0 (PCI x) is gone from sysfs".into()
+            ))));
     }
 }

@@ -210,16 +210,19 @@ impl DevicePlugins {
         self.registrations[i].subscribe()
     }
 
-    /// Stops serving: every ListAndWatch stream ends and the sockets are unlinked.
+    /// Stops serving: every ListAndWatch stream ends, also one whose task had not started yet
+    /// when the stop came, and the sockets are unlinked.
     pub async fn shutdown(&self) {
         self.stop.send_replace(true);
         let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = task
-            && tokio::time::timeout(Duration::from_secs(5), t)
+        if let Some(mut t) = task
+            && tokio::time::timeout(Duration::from_secs(5), &mut t)
                 .await
                 .is_err()
         {
-            tracing::warn!("the device plugins did not stop within 5 s");
+            // Left running, it would keep serving the sockets a restarted daemon needs.
+            tracing::warn!("the device plugins did not stop within 5 s; stopping them");
+            t.abort();
         }
     }
 
@@ -232,6 +235,11 @@ impl DevicePlugins {
 
     /// Sends resource `i`'s list to `tx` now and again whenever it changes, until the kubelet
     /// goes away or the plugins stop.
+    ///
+    /// The stream's task may first run after [`DevicePlugins::shutdown`] was called (the kubelet
+    /// opened the stream just before, and a loaded machine started the task late): the stop is
+    /// a state, checked whenever the task waits, not an event it could miss. A stream that
+    /// missed it would keep its server, and so the shutdown, waiting until the kubelet hung up.
     pub(super) async fn watch_listing(
         &self,
         i: usize,
@@ -246,10 +254,19 @@ impl DevicePlugins {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last: Option<Vec<Listed>> = None;
         loop {
+            if *stop.borrow_and_update() {
+                return;
+            }
             let listed = self.listed(i);
             if last.as_ref() != Some(&listed) {
-                if tx.send(Ok(listing::to_response(&listed))).await.is_err() {
-                    return;
+                // A kubelet that stopped reading must not hold the stream open past a stop.
+                tokio::select! {
+                    sent = tx.send(Ok(listing::to_response(&listed))) => {
+                        if sent.is_err() {
+                            return;
+                        }
+                    }
+                    _ = stop.wait_for(|s| *s) => return,
                 }
                 last = Some(listed);
             }
@@ -257,7 +274,7 @@ impl DevicePlugins {
                 r = health.changed(), if health_live => health_live = r.is_ok(),
                 _ = changed.changed() => {}
                 _ = tick.tick() => {}
-                _ = stop.changed() => return,
+                _ = stop.wait_for(|s| *s) => return,
                 _ = tx.closed() => return,
             }
         }
@@ -429,81 +446,106 @@ impl DevicePlugins {
 }
 
 /// Serves and registers every resource until the plugins stop.
+///
+/// The stop wins over everything else: it is checked before each pass, a pass in progress (a
+/// registration may wait for the kubelet up to [`REGISTER_TIMEOUT`]) is dropped when it comes,
+/// and it is preferred when a stream ended at the same time. The stop itself ends every
+/// ListAndWatch stream; a supervisor that took those ends for the kubelet dropping the plugin
+/// registered again during the shutdown, and the kubelet's new streams then held the sockets'
+/// shutdown for their whole grace period (the demo's 3 to 5 s stall under load).
 async fn supervise(plugins: Arc<DevicePlugins>) {
     let mut stop = plugins.stop.subscribe();
     tokio::select! {
         _ = plugins.gate.wait_open() => {}
         _ = stop.wait_for(|s| *s) => return,
     }
-    let kubelet = plugins.kubelet_socket();
     let n = plugins.resources.len();
     let mut served: Vec<Option<ServedSocket>> = (0..n).map(|_| None).collect();
     // The kubelet socket each resource is registered through.
     let mut registered: Vec<Option<Registered>> = vec![None; n];
     loop {
-        let kubelet_id = identity(&kubelet);
-        for i in 0..n {
-            let r = &plugins.resources[i];
-            if !served[i].as_ref().is_some_and(ServedSocket::is_present) {
-                if served[i].take().is_some() {
-                    tracing::warn!(resource = %r.name, "the device plugin socket vanished (the kubelet restarted?); serving it again");
-                }
-                registered[i] = None;
-                let path = plugins.cfg.dir.join(&r.socket);
-                match serve(&plugins, i, &path) {
-                    Ok(s) => served[i] = Some(s),
-                    Err(e) => {
-                        set_state(
-                            &plugins,
-                            i,
-                            Registration::Failed {
-                                reason: e.to_string(),
-                            },
-                        );
-                        continue;
-                    }
-                }
-            }
-            let (open, opened) = plugins.listeners[i].get();
-            if let Some(reg) = registered[i]
-                && open == 0
-                && opened > reg.opened_before
-            {
-                tracing::warn!(resource = %r.name,
-                    "the kubelet closed this resource's ListAndWatch stream (it restarted or dropped the plugin); registering again");
-                registered[i] = None;
-                set_state(&plugins, i, Registration::WaitingForKubelet);
-            }
-            match kubelet_id {
-                None => {
-                    registered[i] = None;
-                    set_state(&plugins, i, Registration::WaitingForKubelet);
-                }
-                Some(id) if registered[i].map(|r| r.socket) != Some(id) => {
-                    let opened_before = plugins.listeners[i].get().1;
-                    match register(&plugins, i, &kubelet).await {
-                        Ok(()) => {
-                            registered[i] = Some(Registered {
-                                socket: id,
-                                opened_before,
-                            });
-                            tracing::info!(resource = %r.name, socket = %r.socket, "registered with the kubelet");
-                            set_state(&plugins, i, Registration::Registered { since: now_secs() });
-                        }
-                        Err(reason) => set_state(&plugins, i, Registration::Failed { reason }),
-                    }
-                }
-                Some(_) => {}
-            }
+        if *stop.borrow_and_update() {
+            break;
         }
         tokio::select! {
-            _ = tokio::time::sleep(WATCH_EVERY) => {}
-            _ = plugins.stream_ended.notified() => {}
+            biased;
             _ = stop.wait_for(|s| *s) => break,
+            () = check(&plugins, &mut served, &mut registered) => {}
+        }
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => break,
+            _ = plugins.stream_ended.notified() => {}
+            _ = tokio::time::sleep(WATCH_EVERY) => {}
         }
     }
-    for s in served.into_iter().flatten() {
-        s.shutdown().await;
+    // Side by side: each socket's grace for calls in flight runs at the same time, not one
+    // after another.
+    futures::future::join_all(served.into_iter().flatten().map(ServedSocket::shutdown)).await;
+}
+
+/// One pass over the resources: serves the sockets that are missing, notices streams the
+/// kubelet closed, and registers what is not registered through the kubelet's current socket.
+async fn check(
+    plugins: &Arc<DevicePlugins>,
+    served: &mut [Option<ServedSocket>],
+    registered: &mut [Option<Registered>],
+) {
+    let kubelet = plugins.kubelet_socket();
+    let kubelet_id = identity(&kubelet);
+    for i in 0..plugins.resources.len() {
+        let r = &plugins.resources[i];
+        if !served[i].as_ref().is_some_and(ServedSocket::is_present) {
+            if served[i].take().is_some() {
+                tracing::warn!(resource = %r.name, "the device plugin socket vanished (the kubelet restarted?); serving it again");
+            }
+            registered[i] = None;
+            let path = plugins.cfg.dir.join(&r.socket);
+            match serve(plugins, i, &path) {
+                Ok(s) => served[i] = Some(s),
+                Err(e) => {
+                    set_state(
+                        plugins,
+                        i,
+                        Registration::Failed {
+                            reason: e.to_string(),
+                        },
+                    );
+                    continue;
+                }
+            }
+        }
+        let (open, opened) = plugins.listeners[i].get();
+        if let Some(reg) = registered[i]
+            && open == 0
+            && opened > reg.opened_before
+        {
+            tracing::warn!(resource = %r.name,
+                "the kubelet closed this resource's ListAndWatch stream (it restarted or dropped the plugin); registering again");
+            registered[i] = None;
+            set_state(plugins, i, Registration::WaitingForKubelet);
+        }
+        match kubelet_id {
+            None => {
+                registered[i] = None;
+                set_state(plugins, i, Registration::WaitingForKubelet);
+            }
+            Some(id) if registered[i].map(|r| r.socket) != Some(id) => {
+                let opened_before = plugins.listeners[i].get().1;
+                match register(plugins, i, &kubelet).await {
+                    Ok(()) => {
+                        registered[i] = Some(Registered {
+                            socket: id,
+                            opened_before,
+                        });
+                        tracing::info!(resource = %r.name, socket = %r.socket, "registered with the kubelet");
+                        set_state(plugins, i, Registration::Registered { since: now_secs() });
+                    }
+                    Err(reason) => set_state(plugins, i, Registration::Failed { reason }),
+                }
+            }
+            Some(_) => {}
+        }
     }
 }
 

@@ -64,10 +64,18 @@ pub(super) async fn run(
         .iter()
         .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
         .sum();
+    let counter_sets: usize = published
+        .iter()
+        .map(|s| s["spec"]["sharedCounters"].as_array().map_or(0, Vec::len))
+        .sum();
     println!(
         "   published to the API server: {} ResourceSlices, {devices} devices in pool {NODE}",
         published.len()
     );
+    println!(
+        "   ({counter_sets} counter set: the slices of gpu3 each consume some of its counters, so the"
+    );
+    println!("   scheduler can never allocate two slices that overlap)");
 
     let mut kubelet = PluginWatcher::new(&cfg.dra.plugins_registry_dir);
     let plugin = kubelet
@@ -137,6 +145,12 @@ pub(super) async fn run(
     let c = fixtures::container("c-k8s-train-00000001", &p, "trainer", &ids);
     fake.create_container(&p, &c).await?;
     fake.add_container(c.clone());
+    println!(
+        "   the runtime creates the pod's container with those CDI names; nri-accel's answer,"
+    );
+    println!(
+        "   the adjustment, pins it to the GPU's NUMA-local CPUs (step 4 explains the numbers):"
+    );
     show_adjustment(fake, &c.id);
 
     fake.notify(nri_proto::api::Event::REMOVE_CONTAINER, &p, Some(&c))
