@@ -839,3 +839,122 @@ async fn a_stop_during_a_registration_the_kubelet_never_answers_ends_the_plugins
         .collect();
     assert!(served.is_empty(), "sockets left behind: {served:?}");
 }
+
+/// Lets every spawned task run until it waits on something (a current-thread runtime runs
+/// nothing else meanwhile).
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// An Allocate that passed the gate and reaches its claim after the gate closed (the NRI
+/// connection was lost) allocates nothing: nri-accel no longer knows which containers run, and
+/// one started meanwhile may use a device nothing holds until the next Synchronize adopts it.
+/// The kubelet gets Unavailable and retries (as the claims API's requests do, issue 25).
+#[tokio::test(flavor = "current_thread")]
+async fn an_allocate_reaching_its_claim_after_the_gate_closed_allocates_nothing() {
+    use nri_accel::kubelet::device_plugin::claims::claim_uid;
+    let tmp = tempfile::tempdir().unwrap();
+    let started = start_plugins(tmp.path(), &dp_config(&tmp.path().join("dp"), 60));
+    started.gate.open();
+    let ids = vec!["gpu0".to_string()];
+    let uid = claim_uid(WHOLE, &ids.iter().cloned().collect());
+    let held = started.engine.lock_claim(&uid).await;
+    let plugins = started.plugins.clone();
+    let asked = ids.clone();
+    let allocate = tokio::spawn(async move { plugins.allocate(0, &asked).await });
+    settle().await;
+    assert!(!allocate.is_finished(), "the Allocate waits for its claim");
+    started.gate.close();
+    drop(held);
+    let err = allocate.await.unwrap().unwrap_err();
+    assert_eq!(err.to_status().code(), tonic::Code::Unavailable, "{err}");
+    assert!(
+        err.to_string().contains("nothing was changed: retry"),
+        "{err}"
+    );
+    assert!(started.engine.claims().is_empty());
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("cdi")).unwrap().count(),
+        0
+    );
+    // Once the runtime synchronized again, the kubelet's retry is granted.
+    started.gate.open();
+    let answer = started.plugins.allocate(0, &ids).await.unwrap();
+    assert_eq!(answer.cdi_devices.len(), 1);
+}
+
+/// An Allocate that would release an earlier allocation no container used (its grace period
+/// over) and reaches that claim after the gate closed releases nothing: the containers known
+/// then may miss one started meanwhile with that allocation's CDI names.
+#[tokio::test(flavor = "current_thread")]
+async fn an_allocate_reaching_an_earlier_allocation_after_the_gate_closed_releases_nothing() {
+    use nri_accel::kubelet::device_plugin::claims::claim_uid;
+    let tmp = tempfile::tempdir().unwrap();
+    let started = start_plugins(tmp.path(), &dp_config(&tmp.path().join("dp"), 0));
+    started.gate.open();
+    let first = vec!["gpu4::0".to_string(), "gpu4::1".to_string()];
+    started.plugins.allocate(1, &first).await.unwrap();
+    let earlier = claim_uid(SHARED, &first.iter().cloned().collect());
+    let held = started.engine.lock_claim(&earlier).await;
+    let plugins = started.plugins.clone();
+    let allocate = tokio::spawn(async move { plugins.allocate(1, &["gpu4::1".into()]).await });
+    settle().await;
+    assert!(
+        !allocate.is_finished(),
+        "the Allocate waits for the earlier claim"
+    );
+    started.gate.close();
+    drop(held);
+    let err = allocate.await.unwrap().unwrap_err();
+    assert_eq!(err.to_status().code(), tonic::Code::Unavailable, "{err}");
+    let claims = started.engine.device_plugin_claims();
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].uid, earlier);
+    assert_eq!(claims[0].device_ids, first);
+}
+
+/// A restarted container of a pod created while the pod's last container is removed keeps
+/// the pod's device plugin allocation: the removal decides under the claim's lock, after the
+/// create that waited there first mapped the new container (before, the removal released the
+/// claim it had found unused, and the new container ran on a device the next Allocate could
+/// hand out).
+#[tokio::test(flavor = "current_thread")]
+async fn a_container_created_while_its_pods_last_container_is_removed_keeps_the_allocation() {
+    use nri_accel::kubelet::device_plugin::claims::claim_uid;
+    let tmp = tempfile::tempdir().unwrap();
+    let started = start_plugins(tmp.path(), &dp_config(&tmp.path().join("dp"), 60));
+    started.gate.open();
+    let ids = vec!["gpu0".to_string()];
+    let answer = started.plugins.allocate(0, &ids).await.unwrap();
+    let cdi: Vec<String> = answer.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    let uid = claim_uid(WHOLE, &ids.iter().cloned().collect());
+    let agent = Arc::new(started.agent);
+    agent
+        .create_container(&view("c-a", "pod-a", &cdi))
+        .await
+        .unwrap();
+    agent.container_created("c-a");
+
+    let held = started.engine.lock_claim(&uid).await;
+    let (a, names) = (agent.clone(), cdi.clone());
+    let create =
+        tokio::spawn(async move { a.create_container(&view("c-a2", "pod-a", &names)).await });
+    settle().await;
+    assert!(!create.is_finished(), "the create waits for the claim");
+    let a = agent.clone();
+    let remove = tokio::spawn(async move { a.remove_container("c-a").await });
+    settle().await;
+    assert!(!remove.is_finished(), "the removal waits for the claim");
+    drop(held);
+    create.await.unwrap().unwrap();
+    remove.await.unwrap().unwrap();
+    let claims = started.engine.device_plugin_claims();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!(claims[0].users, ["c-a2"]);
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("cdi")).unwrap().count(),
+        1
+    );
+}

@@ -134,21 +134,41 @@ impl Engine {
             })
             .map(|c| c.uid)
             .collect();
-        for uid in &gone {
-            self.unprepare(uid).await?;
-            tracing::info!(claim = %uid, "released a device plugin allocation whose pod is gone");
+        let mut released = Vec::with_capacity(gone.len());
+        for uid in gone {
+            if self
+                .release_unused_device_plugin_claim(&uid, || true)
+                .await?
+            {
+                tracing::info!(claim = %uid, "released a device plugin allocation whose pod is gone");
+                released.push(uid);
+            }
         }
-        Ok(gone)
+        Ok(released)
     }
 
     /// Releases device plugin claim `uid` unless a container uses it; answers whether it is
-    /// gone now.
-    pub async fn release_unused_device_plugin_claim(&self, uid: &str) -> Result<bool, EngineError> {
-        let in_use = self.state().node.users_of(uid).next().is_some();
-        if in_use {
+    /// gone now. Both are decided under the claim's lock, where the NRI side maps a new
+    /// container to the claim, and only while `admitted` (the device plugins' gate) holds:
+    /// with the NRI connection lost, the users known may miss a container the runtime started
+    /// meanwhile, so nothing is released ([`EngineError::NoLongerAdmitted`]).
+    pub async fn release_unused_device_plugin_claim(
+        &self,
+        uid: &str,
+        admitted: impl FnOnce() -> bool,
+    ) -> Result<bool, EngineError> {
+        super::check_uid(uid)?;
+        let _claim = self.claims.lock(uid).await;
+        if !admitted() {
+            return Err(EngineError::NoLongerAdmitted {
+                claim: uid.to_string(),
+                what: "released",
+            });
+        }
+        if self.state().node.users_of(uid).next().is_some() {
             return Ok(false);
         }
-        self.unprepare(uid).await?;
+        self.unprepare_locked(uid).await?;
         Ok(true)
     }
 }

@@ -66,7 +66,7 @@ pub enum EngineError {
     NoLongerAdmitted {
         /// The claim.
         claim: String,
-        /// `prepared` or `unprepared`.
+        /// `prepared`, `unprepared` or `released`.
         what: &'static str,
     },
     /// The checkpoint could not be written or read.

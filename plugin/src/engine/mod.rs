@@ -306,6 +306,19 @@ impl Engine {
         req: ClaimRequest,
         admitted: impl FnOnce() -> bool,
     ) -> Result<Prepared, EngineError> {
+        self.prepare_as_admitted(req, Origin::ClaimsApi, admitted)
+            .await
+    }
+
+    /// Prepares a claim on behalf of `origin` as [`Engine::prepare_admitted`] does: `admitted`
+    /// is asked under the claim's lock before anything is allocated. The device plugins pass
+    /// their gate too, for the same reason as the claims API.
+    pub async fn prepare_as_admitted(
+        &self,
+        req: ClaimRequest,
+        origin: Origin,
+        admitted: impl FnOnce() -> bool,
+    ) -> Result<Prepared, EngineError> {
         check_uid(&req.uid)?;
         let _claim = self.claims.lock(&req.uid).await;
         if !admitted() {
@@ -315,7 +328,7 @@ impl Engine {
             });
         }
         let ask = req.ask.clone();
-        self.prepare_locked(&req.uid.clone(), Origin::ClaimsApi, Some(ask), |node| {
+        self.prepare_locked(&req.uid.clone(), origin, Some(ask), |node| {
             node.allocate(&req)
         })
         .await
@@ -799,8 +812,11 @@ impl Engine {
             device_plugin::left_unused(&st, container_id, &used.unwrap_or_default())
         };
         pending::forget(self, container_id).await;
+        // Decided again under each claim's lock: a container of the same pod created meanwhile
+        // with the same CDI names uses the claim now and keeps it.
         for uid in unused {
-            self.unprepare(&uid).await?;
+            self.release_unused_device_plugin_claim(&uid, || true)
+                .await?;
         }
         let owned: Vec<String> = self
             .state()

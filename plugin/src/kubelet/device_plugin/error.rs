@@ -93,6 +93,7 @@ impl DevicePluginError {
                 EngineError::Refused(_) | EngineError::InvalidClaim { .. } => {
                     tonic::Code::FailedPrecondition
                 }
+                EngineError::NoLongerAdmitted { .. } => tonic::Code::Unavailable,
                 _ => tonic::Code::Internal,
             },
         };

@@ -372,7 +372,7 @@ impl DevicePlugins {
         for old in &plan.release {
             if !self
                 .engine
-                .release_unused_device_plugin_claim(old)
+                .release_unused_device_plugin_claim(old, || self.gate.is_open())
                 .await
                 .map_err(engine_err)?
             {
@@ -401,7 +401,7 @@ impl DevicePlugins {
         }));
         let prepared = self
             .engine
-            .prepare_as(request, origin)
+            .prepare_as_admitted(request, origin, || self.gate.is_open())
             .await
             .map_err(engine_err)?;
         self.changed.send_modify(|n| *n += 1);
