@@ -74,6 +74,10 @@ async fn a_create_cut_at_its_deadline_completes_and_is_released_at_remove() {
     let c = container("c-slow-0001", &p, "app", &[]);
     let uid = "ctr-cslow0001";
     holder.armed.store(true, Ordering::SeqCst);
+    // The reconnect's Synchronize waits until the runtime has created the container below:
+    // under load the plugin reconnected before, and that Synchronize, finding no such
+    // container, rightly released the claim the test then expected kept.
+    fake.hold_synchronize(true);
     let create = {
         let (fake, p, c) = (fake.clone(), p.clone(), c.clone());
         tokio::spawn(async move { fake.create_container(&p, &c).await })
@@ -103,6 +107,7 @@ async fn a_create_cut_at_its_deadline_completes_and_is_released_at_remove() {
     // The runtime created the container without the plugin's adjustment and goes on; the
     // plugin reconnects and the next Synchronize finds the container holding its claim.
     fake.add_container(c.clone());
+    fake.hold_synchronize(false);
     fake.wait_synchronized(2, WAIT)
         .await
         .expect("synchronized again");
