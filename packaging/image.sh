@@ -21,6 +21,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 fail() { echo "image build FAILED: $*" >&2; exit 1; }
+if ! command -v jq >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing jq from Debian" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >&2
+fi
 for tool in ldd jq sha256sum tar gzip strip dpkg-query; do
     command -v "$tool" >/dev/null || fail "$tool is required (Debian: libc-bin, jq, coreutils, tar, gzip, binutils, dpkg)"
 done
