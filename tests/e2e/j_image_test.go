@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // Scenario j, the shipped image: packaging/image.sh builds the image from the binary under test
-// (no Docker, no registry), `ctr images import` loads it, and the runtime runs it as the shipped
-// DaemonSet does (packaging/kubernetes/daemonset.yaml: `image: nri-accel:<version>`, root without
-// capabilities, no privilege escalation, read-only root, the same host mounts at the same
-// paths). The daemon inside connects to containerd's NRI socket, `status` (on the host and inside
+// (no Docker, no registry), `ctr images import` loads it, and the runtime runs the container of
+// the shipped DaemonSet (packaging/kubernetes/daemonset.yaml, read by the test: its image
+// `nri-accel:<version>`, args, securityContext and mounts, each hostPath on a test dir). The daemon inside connects to containerd's NRI socket, `status` (on the host and inside
 // the container) shows the gate open, and a pod asking for a device by annotation gets it. The
 // image's default (no args, its unprivileged user) prints the version.
 func TestJ_ImageRunsAsTheDaemonSet(t *testing.T) {
@@ -53,8 +53,13 @@ func TestJ_ImageRunsAsTheDaemonSet(t *testing.T) {
 			t.Errorf("the image's default command printed no version: %q", out)
 		}
 
-		// The DaemonSet's container: its config with the DaemonSet's paths, the test's dirs
-		// mounted where the DaemonSet mounts the host's.
+		// The shipped DaemonSet's container (packaging/kubernetes/daemonset.yaml): its image, args,
+		// securityContext and mounts, each hostPath put on a dir of this test. Its config is the
+		// test's (DRA off: no API server here), with the paths the DaemonSet's config uses.
+		shipped := shippedDaemonSet(t)
+		if shipped.Image != ref {
+			t.Errorf("the shipped DaemonSet runs image %s, the image built is %s", shipped.Image, ref)
+		}
 		etc := filepath.Join(n.Accel.Dir, "etc")
 		run := filepath.Join(n.Accel.Dir, "run")
 		for _, d := range []string{etc, run, n.Accel.StateDir} {
@@ -64,20 +69,28 @@ func TestJ_ImageRunsAsTheDaemonSet(t *testing.T) {
 			"\nclaims_api:\n  socket: /run/nri-accel/claims.sock\ncdi:\n  dir: /var/run/cdi\nreconcile_interval_secs: 0\n" +
 			defaultLayout(t, 0).yaml(n.Devs)
 		must(t, os.WriteFile(filepath.Join(etc, "config.yaml"), []byte(cfg), 0o644))
-		ds := imageContainer{
-			Args:    []string{"run", "--config", "/etc/nri-accel/config.yaml"},
-			LogPath: "daemon.log",
-			Root:    true,
-			Mounts: []*cri.Mount{
-				{HostPath: etc, ContainerPath: "/etc/nri-accel", Readonly: true},
-				{HostPath: n.Accel.StateDir, ContainerPath: "/var/lib/nri-accel"},
-				{HostPath: run, ContainerPath: "/run/nri-accel"},
-				{HostPath: n.Accel.CDIDir, ContainerPath: "/var/run/cdi"},
-				{HostPath: filepath.Dir(n.Ctd.NRISock), ContainerPath: "/var/run/nri"},
-				{HostPath: "/sys", ContainerPath: "/sys", Readonly: true},
-				{HostPath: "/dev", ContainerPath: "/dev", Readonly: true},
-			},
+		hostDirs := map[string]string{
+			"/var/lib/nri-accel": n.Accel.StateDir,
+			"/run/nri-accel":     run,
+			"/var/run/cdi":       n.Accel.CDIDir,
+			"/var/run/nri":       filepath.Dir(n.Ctd.NRISock),
+			"/sys":               "/sys",
+			"/dev":               "/dev",
 		}
+		ds := imageContainer{Args: shipped.Args, LogPath: "daemon.log", Security: shipped.Security}
+		for _, m := range shipped.Mounts {
+			host := etc
+			if m.HostPath != "" {
+				var ok bool
+				if host, ok = hostDirs[m.HostPath]; !ok {
+					// The kubelet's dirs: unused with DRA off, mounted from empty dirs.
+					host = filepath.Join(n.Dir, "host", m.HostPath)
+					must(t, os.MkdirAll(host, 0o755))
+				}
+			}
+			ds.Mounts = append(ds.Mounts, &cri.Mount{HostPath: host, ContainerPath: m.Path, Readonly: m.ReadOnly})
+		}
+		t.Logf("the shipped DaemonSet's container: %s %v, %d mounts", shipped.Image, shipped.Args, len(ds.Mounts))
 		dsPod, err := n.CRI.RunPodLogged("nri-accel", logs)
 		must(t, err)
 		daemon, err := n.CRI.createFromImage(dsPod, "nri-accel", ref, ds)
@@ -145,21 +158,37 @@ type imageContainer struct {
 	Args    []string
 	LogPath string
 	Mounts  []*cri.Mount
-	// Root runs it as the DaemonSet's securityContext does (runAsUser 0); else the image's user.
-	Root bool
+	// Security is the container's securityContext; the zero value runs the image's user with
+	// no capabilities, no privilege escalation and a read-only root.
+	Security securityContext
 }
 
-// createFromImage creates container `name` of image `ref` in pod with the DaemonSets' security
-// context: no capabilities, no privilege escalation, read-only root.
+// securityContext is the part of a Kubernetes container securityContext the DaemonSets set.
+type securityContext struct {
+	RunAsUser                *int64 `yaml:"runAsUser"`
+	AllowPrivilegeEscalation *bool  `yaml:"allowPrivilegeEscalation"`
+	ReadOnlyRootFilesystem   *bool  `yaml:"readOnlyRootFilesystem"`
+	Capabilities             struct {
+		Drop []string `yaml:"drop"`
+	} `yaml:"capabilities"`
+}
+
+// createFromImage creates container `name` of image `ref` in pod with ic's security context.
 func (c *CRI) createFromImage(pod *Pod, name, ref string, ic imageContainer) (string, error) {
+	k := ic.Security
+	drop := k.Capabilities.Drop
+	if drop == nil {
+		drop = []string{"ALL"}
+	}
 	sc := &cri.LinuxContainerSecurityContext{
 		NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE, Pid: cri.NamespaceMode_CONTAINER},
-		Capabilities:     &cri.Capability{DropCapabilities: []string{"ALL"}},
-		NoNewPrivs:       true,
-		ReadonlyRootfs:   true,
+		Capabilities:     &cri.Capability{DropCapabilities: drop},
+		// As the kubelet maps them: no_new_privs unless escalation is allowed.
+		NoNewPrivs:     k.AllowPrivilegeEscalation == nil || !*k.AllowPrivilegeEscalation,
+		ReadonlyRootfs: k.ReadOnlyRootFilesystem == nil || *k.ReadOnlyRootFilesystem,
 	}
-	if ic.Root {
-		sc.RunAsUser = &cri.Int64Value{Value: 0}
+	if k.RunAsUser != nil {
+		sc.RunAsUser = &cri.Int64Value{Value: *k.RunAsUser}
 	}
 	cfg := &cri.ContainerConfig{
 		Metadata: &cri.ContainerMetadata{Name: name},
@@ -204,4 +233,90 @@ func (c *CRI) exitAndUser(id string) (int32, int64, error) {
 		return 0, 0, fmt.Errorf("container %s: verbose info: %w", id, err)
 	}
 	return r.Status.ExitCode, info.RuntimeSpec.Process.User.UID, nil
+}
+
+// daemonSetSpec is what the suite runs of the shipped DaemonSet's nri-accel container.
+type daemonSetSpec struct {
+	Image    string
+	Args     []string
+	Security securityContext
+	Mounts   []daemonSetMount
+}
+
+// daemonSetMount is one volumeMount; HostPath is its volume's hostPath ("" for the ConfigMap).
+type daemonSetMount struct {
+	Path, HostPath string
+	ReadOnly       bool
+}
+
+// shippedDaemonSet reads the DaemonSet of packaging/kubernetes/daemonset.yaml.
+func shippedDaemonSet(t *testing.T) daemonSetSpec {
+	t.Helper()
+	path := filepath.Join(testsDir(), "..", "packaging", "kubernetes", "daemonset.yaml")
+	f, err := os.Open(path)
+	must(t, err)
+	defer f.Close()
+	var ds struct {
+		Kind string `yaml:"kind"`
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Containers []struct {
+						Name         string          `yaml:"name"`
+						Image        string          `yaml:"image"`
+						Args         []string        `yaml:"args"`
+						Security     securityContext `yaml:"securityContext"`
+						VolumeMounts []struct {
+							Name      string `yaml:"name"`
+							MountPath string `yaml:"mountPath"`
+							ReadOnly  bool   `yaml:"readOnly"`
+						} `yaml:"volumeMounts"`
+					} `yaml:"containers"`
+					Volumes []struct {
+						Name     string `yaml:"name"`
+						HostPath *struct {
+							Path string `yaml:"path"`
+						} `yaml:"hostPath"`
+						ConfigMap *struct{} `yaml:"configMap"`
+					} `yaml:"volumes"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	dec := yaml.NewDecoder(f)
+	for {
+		if err := dec.Decode(&ds); err != nil {
+			t.Fatalf("%s: no DaemonSet: %v", path, err)
+		}
+		if ds.Kind == "DaemonSet" {
+			break
+		}
+	}
+	pod := ds.Spec.Template.Spec
+	if len(pod.Containers) != 1 || pod.Containers[0].Name != "nri-accel" {
+		t.Fatalf("%s: want one container nri-accel, have %d", path, len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	out := daemonSetSpec{Image: c.Image, Args: c.Args, Security: c.Security}
+	for _, m := range c.VolumeMounts {
+		found := false
+		for _, v := range pod.Volumes {
+			if v.Name != m.Name {
+				continue
+			}
+			found = true
+			switch {
+			case v.HostPath != nil:
+				out.Mounts = append(out.Mounts, daemonSetMount{Path: m.MountPath, HostPath: v.HostPath.Path, ReadOnly: m.ReadOnly})
+			case v.ConfigMap != nil:
+				out.Mounts = append(out.Mounts, daemonSetMount{Path: m.MountPath, ReadOnly: m.ReadOnly})
+			default:
+				t.Fatalf("%s: volume %s is neither a hostPath nor a configMap: teach the suite", path, v.Name)
+			}
+		}
+		if !found {
+			t.Fatalf("%s: mount %s names no volume", path, m.Name)
+		}
+	}
+	return out
 }
