@@ -62,6 +62,15 @@ type Pod struct {
 
 // RunPod runs a pod sandbox on the host network (no CNI) with these annotations.
 func (c *CRI) RunPod(name string, annotations map[string]string) (*Pod, error) {
+	return c.runPod(name, annotations, "")
+}
+
+// RunPodLogged is RunPod with the pod's log directory: its containers' LogPath is under it.
+func (c *CRI) RunPodLogged(name, logDir string) (*Pod, error) {
+	return c.runPod(name, nil, logDir)
+}
+
+func (c *CRI) runPod(name string, annotations map[string]string, logDir string) (*Pod, error) {
 	n := podSeq.Add(1)
 	cfg := &cri.PodSandboxConfig{
 		Metadata: &cri.PodSandboxMetadata{
@@ -71,7 +80,7 @@ func (c *CRI) RunPod(name string, annotations map[string]string) (*Pod, error) {
 			"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": "e2e",
 		},
 		Annotations:  annotations,
-		LogDirectory: "",
+		LogDirectory: logDir,
 		Linux: &cri.LinuxPodSandboxConfig{
 			SecurityContext: &cri.LinuxSandboxSecurityContext{
 				// As the kubelet sets them for a hostNetwork pod without shareProcessNamespace.

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Checks the Helm chart packaging/helm/nri-accel (run by .ci/run; by hand from the repo root:
+# `bash packaging/helm/check.sh`), with helm built from its Go module (tests/peers/helm-v4.3.2):
+#   1. the chart's version and appVersion are the workspace's (Cargo.toml);
+#   2. helm lint --strict with the default values and each ci/*-values.yaml (the roles: DRA
+#      driver, device plugin, webhook, metrics with a ServiceMonitor);
+#   3. helm template of each; the config.yaml each renders passes `nri-accel check-config`
+#      (the daemon's own loader: unknown fields, pools, families);
+#   4. a ServiceMonitor without the metrics proxy is refused (the daemon serves loopback only);
+#   5. packaging/kubernetes/ is the chart's rendering (packaging/helm/render.sh --check).
+# Against an API server (the cluster suite, issue 29): with NRI_ACCEL_HELM_KUBECONFIG set it also
+# runs `helm install --dry-run=server` of each values file; without it that step says it skipped.
+# Env: NRI_ACCEL_BIN (default target/debug/nri-accel) for check-config.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+fail() { echo "helm check FAILED: $*" >&2; exit 1; }
+start=$(date +%s)
+helm="$(bash tests/peers/build.sh helm-v4.3.2 | awk '{print $2}')/helm"
+[ -x "$helm" ] || fail "tests/peers/build.sh helm-v4.3.2 built no helm"
+export HELM="$helm"
+chart=packaging/helm/nri-accel
+bin="$(realpath -m "${NRI_ACCEL_BIN:-${CARGO_TARGET_DIR:-target}/debug/nri-accel}")"
+[ -x "$bin" ] || fail "no nri-accel binary at $bin for check-config: cargo build -p nri-accel, or set NRI_ACCEL_BIN"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+grep -qx "version: $version" "$chart/Chart.yaml" || fail "$chart/Chart.yaml: version is not the workspace's $version"
+grep -qx "appVersion: \"$version\"" "$chart/Chart.yaml" || fail "$chart/Chart.yaml: appVersion is not the workspace's \"$version\""
+
+# An empty host root for configs that read the host under /host.
+mkdir -p "$work/host/sys" "$work/host/proc/driver" "$work/host/dev"
+for values in "" "$chart"/ci/*-values.yaml; do
+    name=${values:+$(basename "$values")}
+    name=${name:-default values}
+    args=(${values:+-f "$values"})
+    "$helm" lint --strict "$chart" "${args[@]}" >"$work/lint" 2>&1 \
+        || { cat "$work/lint" >&2; fail "helm lint --strict with $name"; }
+    "$helm" template nri-accel "$chart" --namespace nri-accel "${args[@]}" >"$work/all.yaml" 2>"$work/err" \
+        || { cat "$work/err" >&2; fail "helm template with $name"; }
+    kinds=$(grep -E '^kind: ' "$work/all.yaml" | awk '{print $2}' | sort | uniq -c | awk '{printf "%s %s, ", $1, $2}')
+    "$helm" template nri-accel "$chart" "${args[@]}" --show-only templates/configmap.yaml \
+        | awk 'f { sub(/^    /, ""); print } /config.yaml: \|/ { f = 1 }' \
+        | sed "s|^  root: /host$|  root: $work/host|" >"$work/config.yaml"
+    "$bin" check-config "$work/config.yaml" >"$work/check" 2>&1 \
+        || { cat "$work/check" >&2; fail "the config.yaml rendered with $name does not load in nri-accel"; }
+    echo "$name: lint ok, ${kinds%, }; config ok"
+done
+
+if "$helm" template nri-accel "$chart" --set metrics.enabled=true --set metrics.serviceMonitor.enabled=true \
+        >/dev/null 2>"$work/err"; then
+    fail "a ServiceMonitor without metrics.proxy rendered: the daemon's loopback /metrics is unreachable to Prometheus"
+fi
+grep -q "needs metrics.proxy" "$work/err" || { cat "$work/err" >&2; fail "the ServiceMonitor refusal does not say why"; }
+echo "ServiceMonitor without the proxy: refused"
+
+bash packaging/helm/render.sh --check
+
+if [ -n "${NRI_ACCEL_HELM_KUBECONFIG:-}" ]; then
+    for values in "" "$chart"/ci/*-values.yaml; do
+        "$helm" install --dry-run=server --kubeconfig "$NRI_ACCEL_HELM_KUBECONFIG" \
+            --namespace nri-accel --create-namespace nri-accel "$chart" ${values:+-f "$values"} >/dev/null \
+            || fail "helm install --dry-run=server with ${values:-the default values}"
+    done
+    echo "server-side dry run: ok"
+else
+    echo "server-side dry run and helm install: skipped (they need the cluster suite's API server; set NRI_ACCEL_HELM_KUBECONFIG)"
+fi
+echo "helm checks passed in $(($(date +%s) - start)) s"
