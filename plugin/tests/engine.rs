@@ -57,6 +57,16 @@ async fn early_prepare_is_refused_naming_both_claims_until_the_holder_is_unprepa
         "{text}"
     );
     assert_eq!(spec_uids(&d), vec!["old-claim"], "a refusal writes nothing");
+    // Counted by door and reason (nri_accel_refusals_total), and nothing else.
+    let tally = engine.tally();
+    assert_eq!(
+        tally.refusals.into_iter().collect::<Vec<_>>(),
+        vec![(("claims_api", "held_by_other"), 1)]
+    );
+    assert_eq!(
+        (tally.checkpoint_write_failures, tally.spec_write_failures),
+        (0, 0)
+    );
 
     engine.unprepare("old-claim").await.unwrap();
     engine

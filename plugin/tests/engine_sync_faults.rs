@@ -74,6 +74,17 @@ async fn a_prepare_answered_with_an_error_granted_nothing_at_every_sync_point() 
             let text = err.to_string();
             assert!(text.contains("c1"), "{at:?}: {text}");
             assert!(text.contains("nothing was granted"), "{at:?}: {text}");
+            // The failed write is counted as what it was (nri_accel_*_write_errors_total).
+            let tally = engine.tally();
+            let (checkpoint, spec) = match at {
+                At::WalAppend | At::WalSync => (1, 0),
+                At::Spec(_) => (0, 1),
+            };
+            assert_eq!(
+                (tally.checkpoint_write_failures, tally.spec_write_failures),
+                (checkpoint, spec),
+                "{at:?}"
+            );
             assert_nothing_granted(&d, engine, at).await;
         }
     }

@@ -97,7 +97,15 @@ async fn exposition_names_every_family() {
     metrics.record_nri_event("CreateContainer", Duration::from_micros(200), true);
     metrics.set_pool_devices("gpus", 3, 1);
     metrics.set_pending_updates(2);
-    metrics.set_claims(ClaimState::HalfPrepared, 0);
+    metrics.set_claims(ClaimState::Adopted, 0);
+    metrics.set_nri_connected(true);
+    let refusals = std::collections::BTreeMap::from([(("annotation", "no_capacity"), 3u64)]);
+    metrics.set_refusals(&refusals);
+    // Counts kept elsewhere that only grow: a second refresh with the same totals adds nothing.
+    metrics.set_write_errors(2, 1);
+    metrics.set_write_errors(2, 1);
+    metrics.set_refusals(&refusals);
+    metrics.record_reconcile(nri_accel::metrics::ReconcileAction::RolledBack, 2);
     let (_, body) = get(server.local_addr(), "GET", "/metrics").await;
     for series in [
         r#"nri_accel_unprepare_duration_seconds_count{result="error"} 1"#,
@@ -106,7 +114,13 @@ async fn exposition_names_every_family() {
         r#"nri_accel_devices{pool="gpus",state="free"} 3"#,
         "nri_accel_pending_container_updates 2",
         "nri_accel_gate_open 0",
-        r#"nri_accel_claims{state="half_prepared"} 0"#,
+        r#"nri_accel_claims{state="adopted"} 0"#,
+        "nri_accel_nri_connected 1",
+        r#"nri_accel_refusals_total{door="annotation",reason="no_capacity"} 3"#,
+        "nri_accel_checkpoint_write_errors_total 2",
+        "nri_accel_cdi_write_errors_total 1",
+        r#"nri_accel_reconcile_actions_total{action="rolled_back"} 2"#,
+        r#"nri_accel_reconcile_actions_total{action="failed"} 0"#,
         "# TYPE nri_accel_unprepare_duration_seconds histogram",
         "# UNIT nri_accel_unprepare_duration_seconds seconds",
         "# TYPE nri_accel_claims gauge",

@@ -112,6 +112,29 @@ pub enum RefusalReason {
     },
 }
 
+impl RefusalReason {
+    /// A short, stable name of the reason (`no_capacity`, `held_by_other`, ...), for counting
+    /// refusals by reason (the daemon's `nri_accel_refusals_total`): a closed set, unlike the
+    /// sentence.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RefusalReason::UnknownDevice => "unknown_device",
+            RefusalReason::HeldByOther { .. } => "held_by_other",
+            RefusalReason::MixedVendors { .. } => "mixed_vendors",
+            RefusalReason::TooManyUnits { .. } => "too_many_units",
+            RefusalReason::UnknownProfile { .. } => "unknown_profile",
+            RefusalReason::WrongFamily { .. } => "wrong_family",
+            RefusalReason::NoPlacement { .. } => "no_placement",
+            RefusalReason::NoCapacity { .. } => "no_capacity",
+            RefusalReason::NoPool { .. } => "no_pool",
+            RefusalReason::NoPoolOfFamily { .. } => "no_pool_of_family",
+            RefusalReason::NoMatchingPool { .. } => "no_matching_pool",
+            RefusalReason::NotEnoughCpus { .. } => "not_enough_cpus",
+            RefusalReason::InvalidRequest { .. } => "invalid_request",
+        }
+    }
+}
+
 impl Refusal {
     /// A refusal of `claim` about `device` (if any).
     pub fn new(claim: &str, device: Option<&str>, reason: RefusalReason) -> Self {

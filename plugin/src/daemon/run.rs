@@ -19,7 +19,7 @@ use crate::config::{CdiConfig, Config};
 use crate::device_health::{HealthMonitor, HealthReport};
 use crate::engine::{CrashHook, Engine, StartupReport, UpdateSink};
 use crate::gate::Gate;
-use crate::metrics::{HealthState, Metrics};
+use crate::metrics::{HealthState, Metrics, ReconcileAction};
 use crate::nodelock::{NodeLock, NodeLockGuard};
 
 /// How long a starting daemon waits for another nri-accel to release the node lock.
@@ -232,6 +232,7 @@ impl Daemon {
 
         let gate = Gate::new();
         let metrics = Arc::new(Metrics::new());
+        record_reconcile(&metrics, &report.plan);
         let health = HealthState::new();
         let group = match &config.claims_api.group {
             None => None,
@@ -308,13 +309,18 @@ impl Daemon {
         });
         if config.reconcile_interval_secs > 0 {
             let every = Duration::from_secs(config.reconcile_interval_secs);
-            let e = engine.clone();
+            let (e, m) = (engine.clone(), metrics.clone());
             tasks.push(tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.tick().await;
                 loop {
                     tick.tick().await;
-                    match e.reconcile().await {
+                    let pass = e.reconcile().await;
+                    match &pass {
+                        Ok(p) => record_reconcile(&m, p),
+                        Err(_) => m.record_reconcile(ReconcileAction::Failed, 1),
+                    }
+                    match pass {
                         Ok(p) if !p.is_noop() => tracing::warn!(rolled_back = %p.roll_back.join(","), orphans_removed = %p.remove_specs.join(","), "periodic reconciliation rolled back {} half-prepared claim(s) (a record without a spec) and removed {} orphan spec(s) (a spec without a record): a crash or a failed write had left them", p.roll_back.len(), p.remove_specs.len()),
                         Ok(_) => {}
                         Err(err) => tracing::error!(error = %err, "periodic reconciliation failed"),
@@ -539,6 +545,7 @@ async fn watch_connection(
             Ok(StubEvent::Synchronized { pods, containers }) => {
                 engine.set_update_sink(Some(Arc::new(NriSink(updater.clone()))));
                 health.set_runtime_connected(true);
+                metrics.set_nri_connected(true);
                 tracing::info!(
                     pods,
                     containers,
@@ -557,6 +564,7 @@ async fn watch_connection(
                 // Until the next runtime says which NRI it runs.
                 engine.set_delivery(crate::engine::Delivery::Replies);
                 health.set_runtime_connected(false);
+                metrics.set_nri_connected(false);
                 health.set_gate_open(false);
                 metrics.set_gate_open(false);
                 settling = None;
@@ -618,6 +626,16 @@ pub fn refresh_gauges(agent: &Agent, metrics: &Metrics) {
     });
     metrics.set_pending_updates(engine.pending_updates() as u64);
     metrics.set_unmet_asks(agent.unmet_asks().len() as u64);
+    let tally = engine.tally();
+    metrics.set_refusals(&tally.refusals);
+    metrics.set_write_errors(tally.checkpoint_write_failures, tally.spec_write_failures);
+}
+
+/// Counts what a reconciliation pass (startup's or a periodic one) repaired or found.
+fn record_reconcile(metrics: &Metrics, plan: &crate::engine::Plan) {
+    metrics.record_reconcile(ReconcileAction::RolledBack, plan.roll_back.len());
+    metrics.record_reconcile(ReconcileAction::OrphanSpecRemoved, plan.remove_specs.len());
+    metrics.record_reconcile(ReconcileAction::Unproven, plan.unproven.len());
 }
 
 /// Keeps the `device_healthy` gauges equal to the health monitor's latest report.

@@ -27,6 +27,7 @@ mod owners;
 mod pending;
 mod reconcile;
 mod record;
+mod tally;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,6 +45,7 @@ pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, Then};
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{ClaimRecord, DevicePluginOrigin, DevicePluginUser, Origin, PendingUpdate};
+pub use tally::TallySnapshot;
 
 /// The checkpoint as the engine uses it.
 pub type Journal = Checkpoint<ClaimRecord, PendingUpdate>;
@@ -117,6 +119,7 @@ pub struct Engine {
     claims: ClaimLocks,
     pending: pending::Pending,
     crash: Option<CrashHook>,
+    tally: tally::Tally,
 }
 
 /// The startup reconciliation of a loaded checkpoint and the spec files, decided before
@@ -267,6 +270,7 @@ impl Engine {
             claims: ClaimLocks::default(),
             pending: pending::Pending::default(),
             crash,
+            tally: tally::Tally::default(),
         };
         Ok((
             engine,
@@ -275,6 +279,12 @@ impl Engine {
                 pending_updates,
             },
         ))
+    }
+
+    /// What went wrong since the engine started: refusals by door and reason, failed
+    /// checkpoint and CDI spec writes (the daemon exports them as counters).
+    pub fn tally(&self) -> TallySnapshot {
+        self.tally.snapshot()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -412,7 +422,9 @@ impl Engine {
         }
         let (outcome, seq) = {
             let mut st = self.state();
-            let outcome = allocate(&mut st.node)?;
+            let outcome = allocate(&mut st.node).inspect_err(|refusal| {
+                self.tally.refused(&origin, &refusal.reason);
+            })?;
             if !outcome.already {
                 // Set with the allocation, so memory never shows the claim with another origin
                 // than its record's, whatever happens to the caller after the commit.
@@ -497,16 +509,21 @@ impl Engine {
         .await;
         let ids = match written {
             Ok((_, Ok(ids))) => ids,
-            Ok((wrote, Err(source))) => match self.undo_grant(uid, wrote, edits_len).await {
-                Ok(ids) => ids,
-                Err(then) => {
-                    return Err(EngineError::Spec {
-                        then,
-                        claim: uid.to_string(),
-                        source,
-                    });
+            Ok((wrote, Err(source))) => {
+                if wrote {
+                    self.tally.spec_failed();
                 }
-            },
+                match self.undo_grant(uid, wrote, edits_len).await {
+                    Ok(ids) => ids,
+                    Err(then) => {
+                        return Err(EngineError::Spec {
+                            then,
+                            claim: uid.to_string(),
+                            source,
+                        });
+                    }
+                }
+            }
             Err(e) => return Err(self.crash_or(e)),
         };
         let devices = allocation
@@ -596,10 +613,13 @@ impl Engine {
     /// reads back the durable state (where the claim is still held). Nothing can become
     /// durable that depends on a release that is not.
     async fn release_committed(&self, uid: &str) -> Result<Vec<ContainerUpdate>, EngineError> {
-        let checkpoint_error = |source| EngineError::Checkpoint {
-            then: Then::NotReleased,
-            claim: uid.to_string(),
-            source,
+        let checkpoint_error = |source| {
+            self.tally.checkpoint_failed();
+            EngineError::Checkpoint {
+                then: Then::NotReleased,
+                claim: uid.to_string(),
+                source,
+            }
         };
         let _order = self.pending.order.lock().await;
         let (ticket, updates) = {
@@ -686,6 +706,7 @@ impl Engine {
         match blocking(uid, move || specs.remove(&id)).await {
             Ok(Ok(())) => {}
             Ok(Err(source)) => {
+                self.tally.spec_failed();
                 return Err(EngineError::Spec {
                     then: Then::NotReleased,
                     claim: uid.to_string(),
@@ -715,11 +736,14 @@ impl Engine {
         let journal = self.journal.clone();
         match blocking(uid, move || journal.commit(changes)).await? {
             Ok(seq) => Ok(seq),
-            Err(source) => Err(EngineError::Checkpoint {
-                then: Then::NotGranted,
-                claim: uid.to_string(),
-                source,
-            }),
+            Err(source) => {
+                self.tally.checkpoint_failed();
+                Err(EngineError::Checkpoint {
+                    then: Then::NotGranted,
+                    claim: uid.to_string(),
+                    source,
+                })
+            }
         }
     }
 
@@ -919,10 +943,13 @@ impl Engine {
                 let id = uid.clone();
                 blocking(&uid, move || specs.remove(&id))
                     .await?
-                    .map_err(|source| EngineError::Spec {
-                        then: Then::Unsaid,
-                        claim: uid.clone(),
-                        source,
+                    .map_err(|source| {
+                        self.tally.spec_failed();
+                        EngineError::Spec {
+                            then: Then::Unsaid,
+                            claim: uid.clone(),
+                            source,
+                        }
                     })?;
                 tracing::warn!(claim = %uid, "removed an orphan CDI spec");
                 done.remove_specs.push(uid);

@@ -34,8 +34,6 @@ pub enum Outcome {
 pub enum ClaimState {
     /// Record and CDI spec both present: the claim is granted.
     Prepared,
-    /// Record without spec: a Prepare in progress, or one startup will roll back.
-    HalfPrepared,
     /// A device held by a running container found without a record, adopted at startup.
     Adopted,
 }
@@ -64,7 +62,6 @@ impl ClaimState {
     pub fn as_str(self) -> &'static str {
         match self {
             ClaimState::Prepared => "prepared",
-            ClaimState::HalfPrepared => "half_prepared",
             ClaimState::Adopted => "adopted",
         }
     }
@@ -117,6 +114,51 @@ struct DeviceLabels {
     device: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    door: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: &'static str,
+}
+
+/// What a reconciliation pass (at startup, or every `reconcile_interval_secs`) did, the
+/// `action` label of `nri_accel_reconcile_actions_total`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ReconcileAction {
+    /// A record without its spec was dropped (nothing had been granted).
+    RolledBack,
+    /// A spec without its record was removed (its grant had been released).
+    OrphanSpecRemoved,
+    /// A spec proves a grant the checkpoint does not hold: left alone, reported.
+    Unproven,
+    /// The pass itself failed (its error is logged).
+    Failed,
+}
+
+impl ReconcileAction {
+    /// Every action, so each series exists from the start at 0.
+    pub const ALL: [ReconcileAction; 4] = [
+        ReconcileAction::RolledBack,
+        ReconcileAction::OrphanSpecRemoved,
+        ReconcileAction::Unproven,
+        ReconcileAction::Failed,
+    ];
+
+    /// The label value as exported.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReconcileAction::RolledBack => "rolled_back",
+            ReconcileAction::OrphanSpecRemoved => "orphan_spec_removed",
+            ReconcileAction::Unproven => "unproven",
+            ReconcileAction::Failed => "failed",
+        }
+    }
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Latency buckets for claim operations: 0.5 ms to about 8 s. A durable checkpoint write alone is
@@ -148,7 +190,12 @@ pub struct Metrics {
     pending_updates: Gauge,
     unmet_asks: Gauge,
     gate_open: Gauge,
+    nri_connected: Gauge,
     device_healthy: Family<DeviceLabels, Gauge>,
+    refusals: Family<RefusalLabels, Counter>,
+    checkpoint_write_errors: Counter,
+    cdi_write_errors: Counter,
+    reconcile_actions: Family<ActionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -180,7 +227,18 @@ impl Metrics {
         let pending_updates = Gauge::default();
         let unmet_asks = Gauge::default();
         let gate_open = Gauge::default();
+        let nri_connected = Gauge::default();
         let device_healthy = Family::<DeviceLabels, Gauge>::default();
+        let refusals = Family::<RefusalLabels, Counter>::default();
+        let checkpoint_write_errors = Counter::default();
+        let cdi_write_errors = Counter::default();
+        let reconcile_actions = Family::<ActionLabels, Counter>::default();
+        for action in ReconcileAction::ALL {
+            // Created at 0, so a dashboard shows "none" rather than "no data".
+            let _zero = reconcile_actions.get_or_create(&ActionLabels {
+                action: action.as_str(),
+            });
+        }
 
         registry.register_with_unit(
             "prepare_duration",
@@ -236,6 +294,31 @@ impl Metrics {
             gate_open.clone(),
         );
         registry.register(
+            "nri_connected",
+            "1 while the container runtime's NRI connection is up (from its Synchronize to its loss), 0 otherwise; the gate opens once the Synchronize's work is done",
+            nri_connected.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Prepares the policy refused, by door (claims_api, which the DRA driver uses too; annotation; device_plugin) and reason (no_capacity, held_by_other, ...)",
+            refusals.clone(),
+        );
+        registry.register(
+            "checkpoint_write_errors",
+            "Checkpoint commits that failed: the claim was not granted (or not released); see the log for the file and the error",
+            checkpoint_write_errors.clone(),
+        );
+        registry.register(
+            "cdi_write_errors",
+            "CDI spec writes and removals that failed: the claim was not granted (or not released); see the log for the file and the error",
+            cdi_write_errors.clone(),
+        );
+        registry.register(
+            "reconcile_actions",
+            "What reconciliation (at startup and every reconcile_interval_secs) repaired or found, by action: rolled_back, orphan_spec_removed, unproven, failed",
+            reconcile_actions.clone(),
+        );
+        registry.register(
             "device_healthy",
             "1 while a device of the inventory is healthy, 0 while its PCI function, driver binding or a device node is gone",
             device_healthy.clone(),
@@ -253,7 +336,12 @@ impl Metrics {
             pending_updates,
             unmet_asks,
             gate_open,
+            nri_connected,
             device_healthy,
+            refusals,
+            checkpoint_write_errors,
+            cdi_write_errors,
+            reconcile_actions,
         }
     }
 
@@ -318,6 +406,41 @@ impl Metrics {
         self.gate_open.set(i64::from(open));
     }
 
+    /// Record whether the runtime's NRI connection is up.
+    pub fn set_nri_connected(&self, connected: bool) {
+        self.nri_connected.set(i64::from(connected));
+    }
+
+    /// Bring the refusal counters up to `totals`, counts by (door, reason) kept by the engine
+    /// that only grow, at each refresh.
+    pub fn set_refusals<'a>(
+        &self,
+        totals: impl IntoIterator<Item = (&'a (&'static str, &'static str), &'a u64)>,
+    ) {
+        for (&(door, reason), &total) in totals {
+            catch_up(
+                &self.refusals.get_or_create(&RefusalLabels { door, reason }),
+                total,
+            );
+        }
+    }
+
+    /// Bring the write-error counters up to the engine's totals of failed checkpoint commits
+    /// and failed CDI spec writes (which only grow), at each refresh.
+    pub fn set_write_errors(&self, checkpoint: u64, cdi: u64) {
+        catch_up(&self.checkpoint_write_errors, checkpoint);
+        catch_up(&self.cdi_write_errors, cdi);
+    }
+
+    /// Count `n` claims (or specs) a reconciliation pass handled with `action`.
+    pub fn record_reconcile(&self, action: ReconcileAction, n: usize) {
+        self.reconcile_actions
+            .get_or_create(&ActionLabels {
+                action: action.as_str(),
+            })
+            .inc_by(n as u64);
+    }
+
     /// Record whether inventory device `device` is healthy.
     pub fn set_device_healthy(&self, device: &str, healthy: bool) {
         self.device_healthy
@@ -348,6 +471,11 @@ fn set_pair(family: &Family<PoolLabels, Gauge>, pool: &str, free: u64, used: u64
             })
             .set(saturating_i64(value));
     }
+}
+
+/// Raises `counter` to `total`, a count kept elsewhere that only grows.
+fn catch_up(counter: &Counter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
 }
 
 fn saturating_i64(v: u64) -> i64 {
