@@ -142,8 +142,11 @@ type Cluster struct {
 	LocalCPU   string
 	// running and pending are the pods scenario c leaves for d.
 	running, pending string
-	CPUs             string
-	t                *testing.T
+	// madeVarLibKubelet: /var/lib/kubelet did not exist before (the kubelet's device plugin dir
+	// is bound there), so the teardown removes what was made for it.
+	madeVarLibKubelet bool
+	CPUs              string
+	t                 *testing.T
 }
 
 // Start brings the cluster of Kubernetes `version` up under a new temp dir and registers its
@@ -298,6 +301,10 @@ func (c *Cluster) Teardown() {
 	unmountUnder(c.Dir)
 	if c.Devs != nil {
 		os.RemoveAll(c.Devs.Dir)
+	}
+	if c.madeVarLibKubelet {
+		_ = os.Remove(devicePluginPath)
+		_ = os.Remove(filepath.Dir(devicePluginPath))
 	}
 	if os.Getenv("NRI_ACCEL_CLUSTER_KEEP") == "" {
 		os.RemoveAll(c.Dir)

@@ -92,6 +92,9 @@ var kubeletSysctls = map[string]string{
 	"kernel/keys/root_maxbytes": "25000000",
 }
 
+// devicePluginPath is the device plugin API's fixed dir of the kubelet's socket.
+const devicePluginPath = "/var/lib/kubelet/device-plugins"
+
 // startKubelet runs the kubelet on the node's containerd with the settings this sandbox needs
 // (tests/README.md, "The cluster suite"), and waits until the Node is Ready.
 func (c *Cluster) startKubelet(t *testing.T) {
@@ -131,6 +134,7 @@ cgroupDriver: cgroupfs
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failSwapOn: false
+failCgroupV1: false
 oomScoreAdj: 0
 podLogsDir: %q
 imageGCHighThresholdPercent: 100
@@ -152,6 +156,14 @@ featureGates:%s
 		must(t, os.WriteFile(f, []byte(v+"\n"), 0o644))
 		binds = append(binds, fmt.Sprintf("mount --bind %s /proc/sys/%s", f, k))
 	}
+	// The kubelet's device plugin socket is always /var/lib/kubelet/device-plugins/kubelet.sock
+	// (the device plugin API fixes it, whatever --root-dir says): in the kubelet's mount
+	// namespace that dir is the cluster's own, where nri-accel's device plugins find it.
+	if _, err := os.Stat("/var/lib/kubelet"); os.IsNotExist(err) {
+		c.madeVarLibKubelet = true
+	}
+	binds = append(binds, "mkdir -p "+devicePluginPath,
+		fmt.Sprintf("mount --bind %s %s", filepath.Join(c.KubeletDir, "device-plugins"), devicePluginPath))
 	script := "set -e; " + strings.Join(binds, "; ") + `; exec "$@"`
 	c.Kubelet = startProc(t, "kubelet", filepath.Join(c.Dir, "kubelet.log"), nil,
 		"unshare", "--mount", "--", "sh", "-c", script, "kubelet",
