@@ -25,7 +25,7 @@ pub struct DevicePluginClaim {
     pub allocated_at: u64,
     /// The first container that used it, if any did.
     pub user: Option<DevicePluginUser>,
-    /// The containers using it now (created and not removed), sorted.
+    /// The containers using it now (created, not stopped and not removed), sorted.
     pub users: Vec<String>,
 }
 
@@ -64,7 +64,12 @@ impl Engine {
                     device_ids: dp.device_ids.clone(),
                     allocated_at: dp.allocated_at,
                     user: dp.user.clone(),
-                    users: st.node.users_of(uid).map(str::to_string).collect(),
+                    users: st
+                        .node
+                        .users_of(uid)
+                        .filter(|c| !st.stopped.contains(*c))
+                        .map(str::to_string)
+                        .collect(),
                 }),
                 _ => None,
             })
@@ -141,9 +146,36 @@ impl Engine {
         Ok(gone)
     }
 
-    /// Releases device plugin claim `uid` unless a container uses it; answers whether it is
-    /// gone now.
+    /// The runtime stopped container `container_id`: it runs nothing any more. It stays a user
+    /// of its claims until it is removed (a pod's next container may be created with the same
+    /// allocation meanwhile), but a device plugin allocation only stopped containers use is free
+    /// for the kubelet to hand out again ([`Engine::device_plugin_claims`] leaves them out).
+    pub fn container_stopped(&self, container_id: &str) {
+        let mut st = self.state();
+        if st.node.claims_of(container_id).is_some() {
+            st.stopped.insert(container_id.to_string());
+        }
+    }
+
+    /// Releases device plugin claim `uid` unless a running container uses it; answers whether
+    /// it is gone now. Stopped containers using it are taken as removed first (their claims
+    /// handled as at their removal), so that their later removal finds nothing of theirs: the
+    /// kubelet's next allocation of the same devices has the same claim UID and must not go
+    /// with them.
     pub async fn release_unused_device_plugin_claim(&self, uid: &str) -> Result<bool, EngineError> {
+        let stopped: Vec<String> = {
+            let st = self.state();
+            st.node
+                .users_of(uid)
+                .filter(|c| st.stopped.contains(*c))
+                .map(str::to_string)
+                .collect()
+        };
+        for c in &stopped {
+            tracing::info!(claim = %uid, container = %c,
+                "the kubelet hands out the devices of a stopped container: it is taken as removed");
+            self.container_removed(c).await?;
+        }
         let in_use = self.state().node.users_of(uid).next().is_some();
         if in_use {
             return Ok(false);
