@@ -215,6 +215,13 @@ func Start(t *testing.T, version string, opts Options) *Cluster {
 	c.startContainerd(t, ctrdBin)
 	c.startKubelet(t)
 	c.startAccel(t)
+	// Pods are refused until the controller-manager made the namespace's service account.
+	if !waitFor(60*time.Second, func() bool {
+		_, err := c.kubectlErr("get", "serviceaccount", "default", "-n", "default")
+		return err == nil
+	}) {
+		t.Fatalf("no service account default/default:\n%s", tail(c.ControllerManager.Log, 20))
+	}
 	return c
 }
 
