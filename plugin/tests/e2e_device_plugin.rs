@@ -214,3 +214,71 @@ async fn a_kubelet_restart_wiping_its_directory_is_followed_by_a_new_registratio
         daemon.log_text()
     );
 }
+
+/// What a real kubelet does when the pod holding a device is deleted while another pod waits
+/// for it (found by tests/cluster, scenario e): it stops the holder's container, frees the
+/// device in its device manager and admits the waiting pod at once, with an Allocate of the same
+/// device; the stopped container is removed only later, by the kubelet's garbage collection.
+/// A stopped container runs nothing: the Allocate must be answered (refusing it made the kubelet
+/// fail the waiting pod for good, UnexpectedAdmissionError). The new allocation has the same
+/// claim UID (same resource and IDs), so the stopped container's later removal must not release
+/// it before the new pod's container exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocate_after_the_holder_stopped_and_before_its_removal_is_answered() {
+    let n = test_node();
+    let (fake, kubelet, daemon) = start(&n).await;
+    let (ids, answer) = kubelet.admit("first/app", WHOLE, 1).await.unwrap();
+    let cdi: Vec<String> = answer.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    let p = pod("first", &[]);
+    fake.add_pod(p.clone());
+    let c = container("c-first-0001", &p, "app", &cdi);
+    fake.create_container(&p, &c).await.expect("create");
+    fake.add_container(c.clone());
+
+    // The holder's pod is deleted: its container stops (not yet removed).
+    fake.stop_container(&p, &c).await.expect("stop");
+
+    // The kubelet hands the device to the waiting pod.
+    let client = kubelet.client(WHOLE).await.unwrap();
+    let again = client.allocate(&ids).await.unwrap_or_else(|e| {
+        panic!(
+            "Allocate after the holder stopped: {e}\n{}",
+            daemon.log_text()
+        )
+    });
+    assert_eq!(again.cdi_devices.len(), 1);
+    assert_eq!(n.node.spec_uids().len(), 1, "{:?}", n.node.cdi_entries());
+
+    // The garbage collection removes the stopped container before the new pod's container is
+    // created: the new allocation stays.
+    fake.notify(Event::REMOVE_CONTAINER, &p, Some(&c))
+        .await
+        .expect("remove");
+    fake.forget_container("c-first-0001");
+    assert_eq!(
+        n.node.spec_uids().len(),
+        1,
+        "the new allocation went with the stopped container's removal: {:?}\n{}",
+        n.node.cdi_entries(),
+        daemon.log_text()
+    );
+    let doc = n.node.status_json().await;
+    assert_eq!(status_claims(&doc).len(), 1, "{doc:#}");
+
+    // The new pod's container starts with it and gets the device's local CPUs.
+    let p2 = pod("second", &[]);
+    fake.add_pod(p2.clone());
+    let cdi2: Vec<String> = again.cdi_devices.iter().map(|d| d.name.clone()).collect();
+    let c2 = container("c-second-0001", &p2, "app", &cdi2);
+    fake.create_container(&p2, &c2)
+        .await
+        .expect("create the second");
+    fake.add_container(c2.clone());
+    let doc = n.node.status_json().await;
+    assert_eq!(
+        resource(&doc, WHOLE)["held"][0]["containers"][0],
+        "c-second-0001",
+        "{doc:#}"
+    );
+    assert_no_unit_granted_twice(&doc);
+}

@@ -4,8 +4,9 @@
 # the checkout keyed by module and version. A cached build is reused; a missing module, a failed
 # build or a missing binary fails loudly. Usage: build.sh <name>-<version>... (e.g. containerd-v1.7.0)
 # A peer's optional build.env sets cgo (0/1), tags and the Debian packages (apt) its build needs,
-# and may define post_build <bin dir> <module dir> for what is not Go (CRI-O's pinns); the default
-# is containerd's: CGO_ENABLED=0 and no_btrfs,no_devmapper,no_zfs.
+# linker flags (ldflags: Kubernetes stamps its release version), and may define
+# post_build <bin dir> <module dir> for what is not Go (CRI-O's pinns, etcd's binary name); the
+# default is containerd's: CGO_ENABLED=0, no_btrfs,no_devmapper,no_zfs and no linker flags.
 # Prints one line per peer: <peer> <bin dir>. Env: NRI_ACCEL_PEER_CACHE (default
 # /var/cache/nri-accel/peers).
 set -euo pipefail
@@ -25,7 +26,7 @@ fi
 for peer in "$@"; do
     dir="$here/$peer"
     [ -f "$dir/go.mod" ] || { echo "no pinned peer $peer ($dir/go.mod missing)" >&2; exit 1; }
-    cgo=0 tags=no_btrfs,no_devmapper,no_zfs apt=""
+    cgo=0 tags=no_btrfs,no_devmapper,no_zfs apt="" ldflags=""
     unset -f post_build
     # shellcheck disable=SC1091
     [ -f "$dir/build.env" ] && . "$dir/build.env"
@@ -48,8 +49,11 @@ for peer in "$@"; do
     tools=$(cd "$dir" && go list -f '{{.ImportPath}}' tool)
     start=$(date +%s)
     # shellcheck disable=SC2086
-    (cd "$dir" && CGO_ENABLED=$cgo go build -mod=readonly -trimpath -tags "$tags" -o "$out/bin/" $tools) >&2
-    for t in $tools; do
+    (cd "$dir" && CGO_ENABLED=$cgo go build -mod=readonly -trimpath -tags "$tags" -ldflags "$ldflags" \
+        -o "$out/bin/" $tools) >&2
+    # The binary's name is go's (a path ending in a major version, like etcd's .../server/v3, is
+    # named after the element before it).
+    for t in $(cd "$dir" && go list -f '{{.Target}}' tool); do
         [ -x "$out/bin/$(basename "$t")" ] || { echo "build of $mod made no $(basename "$t")" >&2; exit 1; }
     done
     if declare -F post_build >/dev/null; then

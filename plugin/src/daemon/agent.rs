@@ -634,6 +634,9 @@ impl Agent {
     pub async fn stop_container(&self, id: &str) -> Vec<ContainerUpdate> {
         self.containers().remove(id);
         self.forget_unmet(id);
+        // A device plugin allocation it used is free for the kubelet now (the kubelet admits the
+        // next pod as soon as this one's containers stopped, before it removes them).
+        self.engine.container_stopped(id);
         for (uid, origin) in self.engine.owned_by(id) {
             if !matches!(origin, Origin::Annotation { .. }) {
                 continue;

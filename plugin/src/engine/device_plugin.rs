@@ -25,7 +25,7 @@ pub struct DevicePluginClaim {
     pub allocated_at: u64,
     /// The first container that used it, if any did.
     pub user: Option<DevicePluginUser>,
-    /// The containers using it now (created and not removed), sorted.
+    /// The containers using it now (created, not stopped and not removed), sorted.
     pub users: Vec<String>,
 }
 
@@ -64,7 +64,12 @@ impl Engine {
                     device_ids: dp.device_ids.clone(),
                     allocated_at: dp.allocated_at,
                     user: dp.user.clone(),
-                    users: st.node.users_of(uid).map(str::to_string).collect(),
+                    users: st
+                        .node
+                        .users_of(uid)
+                        .filter(|c| !st.stopped.contains(*c))
+                        .map(str::to_string)
+                        .collect(),
                 }),
                 _ => None,
             })
@@ -136,10 +141,7 @@ impl Engine {
             .collect();
         let mut released = Vec::with_capacity(gone.len());
         for uid in gone {
-            if self
-                .release_unused_device_plugin_claim(&uid, || true)
-                .await?
-            {
+            if self.release_if_unused(&uid, || true).await? {
                 tracing::info!(claim = %uid, "released a device plugin allocation whose pod is gone");
                 released.push(uid);
             }
@@ -147,17 +149,61 @@ impl Engine {
         Ok(released)
     }
 
+    /// The runtime stopped container `container_id`: it runs nothing any more. It stays a user
+    /// of its claims until it is removed (a pod's next container may be created with the same
+    /// allocation meanwhile), but a device plugin allocation only stopped containers use is free
+    /// for the kubelet to hand out again ([`Engine::device_plugin_claims`] leaves them out).
+    pub fn container_stopped(&self, container_id: &str) {
+        let mut st = self.state();
+        if st.node.claims_of(container_id).is_some() {
+            st.stopped.insert(container_id.to_string());
+        }
+    }
+
+    /// Releases device plugin claim `uid`, which the kubelet hands out again, unless a running
+    /// container uses it; answers whether it is gone now. Stopped containers using it are taken
+    /// as removed first (their claims handled as at their removal), so that their later removal
+    /// finds nothing of theirs: the kubelet's next allocation of the same devices has the same
+    /// claim UID and must not go with them. Only while `admitted` (the device plugins' gate)
+    /// holds, asked first and again under the claim's lock: with the NRI connection lost, the
+    /// users known may miss a container the runtime started meanwhile, so nothing is released
+    /// ([`EngineError::NoLongerAdmitted`]).
+    pub async fn release_unused_device_plugin_claim(
+        &self,
+        uid: &str,
+        admitted: impl Fn() -> bool,
+    ) -> Result<bool, EngineError> {
+        super::check_uid(uid)?;
+        if !admitted() {
+            return Err(EngineError::NoLongerAdmitted {
+                claim: uid.to_string(),
+                what: "released",
+            });
+        }
+        let stopped: Vec<String> = {
+            let st = self.state();
+            st.node
+                .users_of(uid)
+                .filter(|c| st.stopped.contains(*c))
+                .map(str::to_string)
+                .collect()
+        };
+        for c in &stopped {
+            tracing::info!(claim = %uid, container = %c,
+                "the kubelet hands out the devices of a stopped container: it is taken as removed");
+            self.container_removed(c).await?;
+        }
+        self.release_if_unused(uid, admitted).await
+    }
+
     /// Releases device plugin claim `uid` unless a container uses it; answers whether it is
     /// gone now. Both are decided under the claim's lock, where the NRI side maps a new
-    /// container to the claim, and only while `admitted` (the device plugins' gate) holds:
-    /// with the NRI connection lost, the users known may miss a container the runtime started
-    /// meanwhile, so nothing is released ([`EngineError::NoLongerAdmitted`]).
-    pub async fn release_unused_device_plugin_claim(
+    /// container to the claim, and only while `admitted` holds there.
+    pub(super) async fn release_if_unused(
         &self,
         uid: &str,
         admitted: impl FnOnce() -> bool,
     ) -> Result<bool, EngineError> {
-        super::check_uid(uid)?;
         let _claim = self.claims.lock(uid).await;
         if !admitted() {
             return Err(EngineError::NoLongerAdmitted {

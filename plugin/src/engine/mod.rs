@@ -29,7 +29,7 @@ mod reconcile;
 mod record;
 mod tally;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use policies::{Adjustment, Allocation, Ask, ClaimRequest, ContainerUpdate, Node};
@@ -98,6 +98,11 @@ struct State {
     /// [`Origin::ClaimsApi`]): most claims do, and an entry per claim cost a tenth of the
     /// daemon's memory with 10,000 claims.
     origins: BTreeMap<String, Origin>,
+    /// Containers the runtime stopped and has not removed yet (StopContainer came, RemoveContainer
+    /// not): they run nothing, so a device plugin allocation they used is free for the kubelet to
+    /// hand out again (docs/device-plugin.md). In memory only: after a restart the runtime
+    /// reports no exited container at all.
+    stopped: BTreeSet<String>,
 }
 
 impl State {
@@ -255,6 +260,7 @@ impl Engine {
             node,
             seq: journal.pending().values().map(|p| p.seq).max().unwrap_or(0),
             origins: BTreeMap::new(),
+            stopped: BTreeSet::new(),
         };
         for (uid, record) in kept {
             state.set_origin(uid, record.origin.clone());
@@ -831,6 +837,7 @@ impl Engine {
     pub async fn container_removed(&self, container_id: &str) -> Result<(), EngineError> {
         let unused = {
             let mut st = self.state();
+            st.stopped.remove(container_id);
             let used = st.node.claims_of(container_id).map(<[_]>::to_vec);
             let _ = st.node.container_removed(container_id);
             device_plugin::left_unused(&st, container_id, &used.unwrap_or_default())
@@ -839,8 +846,7 @@ impl Engine {
         // Decided again under each claim's lock: a container of the same pod created meanwhile
         // with the same CDI names uses the claim now and keeps it.
         for uid in unused {
-            self.release_unused_device_plugin_claim(&uid, || true)
-                .await?;
+            self.release_if_unused(&uid, || true).await?;
         }
         let owned: Vec<String> = self
             .state()

@@ -154,7 +154,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "resource accel.nri.io/whole: device gpu0 is still held by container c1 of pod ns/train (claim x); it is handed out again once that container is removed"
+            "resource accel.nri.io/whole: device gpu0 is still held by container c1 of pod ns/train (claim x); it is handed out again once that container stops"
         );
         // The same set, never used: answered again (nothing released).
         assert_eq!(

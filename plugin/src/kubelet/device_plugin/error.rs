@@ -34,7 +34,7 @@ pub enum DevicePluginError {
     },
     /// A device is still held by a container that runs (or has not been removed).
     #[error(
-        "resource {resource}: device {id} is still held by container {container} of pod {pod} (claim {claim}); it is handed out again once that container is removed"
+        "resource {resource}: device {id} is still held by container {container} of pod {pod} (claim {claim}); it is handed out again once that container stops"
     )]
     HeldByContainer {
         /// The resource.

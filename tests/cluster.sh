@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The cluster suite: nri-accel on a real single-node Kubernetes (tests/README.md, "The cluster
+# suite"). Builds the peers (etcd, Kubernetes, containerd; cached by tests/peers/build.sh) and
+# nri-accel's release binary unless NRI_ACCEL_BIN names one, then:
+#   cluster.sh test [go test flags]   the scenarios on each version of NRI_ACCEL_CLUSTER_KUBE
+#                                      (default v1.34.4,v1.37.2), e.g. -run 'TestCluster/v1.34.4'
+#   cluster.sh up                      one cluster (the first version) kept up until Ctrl-C;
+#                                      it prints the env file that points kubectl at it
+# Needs root. Only one real-runtime suite may run at a time on a machine (containerd instances
+# share /run/containerd/s): run it under `flock /tmp/nri-accel-runtime.lock` where others run.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+[ "$(id -u)" = 0 ] || { echo "tests/cluster.sh needs root (it runs containerd, the kubelet, runc and mknod)" >&2; exit 1; }
+cmd="${1:-}"
+[ "$cmd" = test ] || [ "$cmd" = up ] || { echo "usage: $0 test [go test flags] | up" >&2; exit 2; }
+shift
+versions="${NRI_ACCEL_CLUSTER_KUBE:-v1.34.4,v1.37.2}"
+peers=(etcd-v3.6.16 containerd-v2.4.2)
+IFS=, read -ra vs <<<"$versions"
+for v in "${vs[@]}"; do peers+=("kubernetes-$v"); done
+bash "$here/peers/build.sh" "${peers[@]}"
+
+bin="${NRI_ACCEL_BIN:-}"
+if [ -z "$bin" ]; then
+    (cd "$here/.." && cargo build --release --locked -p nri-accel)
+    bin="${CARGO_TARGET_DIR:-$here/../target}/release/nri-accel"
+fi
+cd "$here"
+export NRI_ACCEL_BIN="$bin" NRI_ACCEL_CLUSTER_KUBE="$versions"
+if [ "$cmd" = up ]; then
+    NRI_ACCEL_CLUSTER_UP=1 exec go test ./cluster/ -count=1 -v -run '^TestUp$' -timeout 24h "$@"
+fi
+exec go test ./cluster/ -count=1 -v -run '^TestCluster' -timeout "${NRI_ACCEL_CLUSTER_TIMEOUT:-60m}" "$@"

@@ -1,0 +1,355 @@
+// Package cluster runs nri-accel on a real single-node Kubernetes cluster: etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler and the kubelet, built from their Go modules at release
+// tags by ../peers/build.sh, on the end-to-end suite's real containerd. nri-accel runs on the host
+// (its release binary) as the node's NRI plugin and DRA driver. tests/README.md, "The cluster
+// suite", says what each scenario proves and what this sandbox needs.
+package cluster
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"nri-accel/tests/internal/ociimage"
+)
+
+// The Kubernetes versions of a plain run; NRI_ACCEL_CLUSTER_KUBE overrides (comma list).
+const defaultKube = "v1.34.4,v1.37.2"
+
+// The containerd the kubelet runs on (the newest of the end-to-end suite).
+const containerdPeer = "containerd-v2.4.2"
+
+const etcdPeer = "etcd-v3.6.16"
+
+// The node's name in Kubernetes (and nri-accel's pool).
+const nodeName = "nri-accel-node"
+
+// The DRA gates nri-accel publishes for or the scenarios use, turned on in every component that
+// knows them (each binary's -h lists its gates; a gate it does not list is left out).
+var wantGates = []string{
+	"DRAPartitionableDevices", "DRAConsumableCapacity", "DRADeviceTaints", "DRAResourceClaimDeviceStatus",
+	"DRAPrioritizedList", "DRAAdminAccess", "DRAExtendedResource",
+}
+
+func testsDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(file))
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPED: the cluster suite needs root (it runs containerd, the kubelet, runc and mknod); " +
+			"run it as root: sudo bash tests/cluster.sh test")
+	}
+}
+
+func kubeVersions() []string {
+	v := os.Getenv("NRI_ACCEL_CLUSTER_KUBE")
+	if v == "" {
+		v = defaultKube
+	}
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+var (
+	peerMu   sync.Mutex
+	peerBins = map[string]string{}
+)
+
+// buildPeer is the bin dir of peer (a dir under tests/peers), built or found in the cache.
+func buildPeer(t *testing.T, peer string) string {
+	t.Helper()
+	peerMu.Lock()
+	defer peerMu.Unlock()
+	if dir, ok := peerBins[peer]; ok {
+		return dir
+	}
+	cmd := exec.Command("bash", filepath.Join(testsDir(), "peers", "build.sh"), peer)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("building peer %s failed: %v\n%s", peer, err, stderr.String())
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == peer {
+			peerBins[peer] = f[1]
+			return f[1]
+		}
+	}
+	t.Fatalf("build.sh named no bin dir for %s: %q", peer, out)
+	return ""
+}
+
+func accelBin(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("NRI_ACCEL_BIN")
+	if bin == "" {
+		bin = filepath.Join(testsDir(), "..", "target", "release", "nri-accel")
+	}
+	abs, err := filepath.Abs(bin)
+	must(t, err)
+	if _, err := os.Stat(abs); err != nil {
+		t.Fatalf("no nri-accel binary at %s (set NRI_ACCEL_BIN or cargo build --release -p nri-accel): %v", abs, err)
+	}
+	return abs
+}
+
+// Options shape a cluster.
+type Options struct {
+	// DevicePlugin serves nri-accel's device plugins (scenario e).
+	DevicePlugin bool
+	// NoDRA leaves nri-accel's DRA side off (a cluster that uses the device plugins only).
+	NoDRA bool
+	// WholeDevices is how many devices pool whole has (default 1).
+	WholeDevices int
+}
+
+// Cluster is one single-node cluster under Dir.
+type Cluster struct {
+	Version string
+	Dir     string
+	KubeBin string
+	pki     *pki
+	Server  string // https://127.0.0.1:<port>
+	Admin   string // the admin kubeconfig
+	Gates   map[string]string
+	Opts    Options
+
+	Etcd, APIServer, ControllerManager, Scheduler, Containerd, Kubelet, Accel *proc
+
+	CRISocket  string
+	KubeletDir string
+	Devs       *fakeDevices
+	AccelDir   string
+	AccelCfg   string
+	CDIDir     string
+	LocalCPU   string
+	// running and pending are the pods scenario c leaves for d.
+	running, pending string
+	// madeVarLibKubelet: /var/lib/kubelet did not exist before (the kubelet's device plugin dir
+	// is bound there), so the teardown removes what was made for it.
+	madeVarLibKubelet bool
+	CPUs              string
+	t                 *testing.T
+}
+
+// Start brings the cluster of Kubernetes `version` up under a new temp dir and registers its
+// teardown with t.
+func Start(t *testing.T, version string, opts Options) *Cluster {
+	t.Helper()
+	requireRoot(t)
+	kubeBin := buildPeer(t, "kubernetes-"+version)
+	etcdBin := buildPeer(t, etcdPeer)
+	ctrdBin := buildPeer(t, containerdPeer)
+	dir, err := os.MkdirTemp("", "nri-accel-cluster-")
+	must(t, err)
+	c := &Cluster{Version: version, Dir: dir, KubeBin: kubeBin, Opts: opts, t: t}
+	t.Cleanup(c.Teardown)
+	c.pki = newPKI(t, filepath.Join(dir, "pki"))
+
+	// etcd on loopback, without fsync (a test cluster's data does not outlive it).
+	ec, ep := freePort(t), freePort(t)
+	c.Etcd = startProc(t, "etcd", filepath.Join(dir, "etcd.log"), nil, filepath.Join(etcdBin, "etcd"),
+		"--name=default", "--data-dir="+filepath.Join(dir, "etcd"),
+		fmt.Sprintf("--listen-client-urls=http://127.0.0.1:%d", ec), fmt.Sprintf("--advertise-client-urls=http://127.0.0.1:%d", ec),
+		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", ep), fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", ep),
+		fmt.Sprintf("--initial-cluster=default=http://127.0.0.1:%d", ep), "--unsafe-no-fsync", "--log-level=warn",
+		"--listen-metrics-urls=", "--auto-compaction-retention=1h")
+
+	// kube-apiserver on loopback. No endpoint reconciler: the kubernetes Service's endpoint would
+	// be 127.0.0.1, which Endpoints validation refuses, and nothing here dials the Service.
+	ap := freePort(t)
+	c.Server = fmt.Sprintf("https://127.0.0.1:%d", ap)
+	srvCert, srvKey := c.pki.issue(t, "apiserver", "kube-apiserver", nil, "127.0.0.1", "10.96.0.1", "localhost",
+		"kubernetes", "kubernetes.default", "kubernetes.default.svc")
+	kcCert, kcKey := c.pki.issue(t, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"})
+	c.Gates = map[string]string{}
+	c.APIServer = startProc(t, "kube-apiserver", filepath.Join(dir, "kube-apiserver.log"), nil,
+		filepath.Join(kubeBin, "kube-apiserver"),
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", ec), "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", ap),
+		"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+		"--tls-cert-file="+srvCert, "--tls-private-key-file="+srvKey, "--client-ca-file="+c.pki.CA,
+		"--kubelet-client-certificate="+kcCert, "--kubelet-client-key="+kcKey, "--kubelet-certificate-authority="+c.pki.CA,
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file="+c.pki.SAPub,
+		"--service-account-signing-key-file="+c.pki.SAKey, "--service-cluster-ip-range=10.96.0.0/24",
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
+		"--profiling=false", "--feature-gates="+c.gatesFor(t, "kube-apiserver"), "--runtime-config="+c.runtimeConfig())
+	c.Admin = c.pki.kubeconfig(t, "admin", c.Server, "nri-accel-cluster-admin", "system:masters")
+	if !waitFor(90*time.Second, func() bool {
+		out, err := c.kubectlErr("get", "--raw", "/readyz")
+		return err == nil && strings.TrimSpace(out) == "ok" || !c.APIServer.Running()
+	}) || !c.APIServer.Running() {
+		t.Fatalf("kube-apiserver %s did not become ready:\n%s\netcd:\n%s", version, tail(c.APIServer.Log, 40), tail(c.Etcd.Log, 10))
+	}
+
+	cmKube := c.pki.kubeconfig(t, "controller-manager", c.Server, "system:kube-controller-manager")
+	c.ControllerManager = startProc(t, "kube-controller-manager", filepath.Join(dir, "kube-controller-manager.log"), nil,
+		filepath.Join(kubeBin, "kube-controller-manager"),
+		"--kubeconfig="+cmKube, "--authentication-kubeconfig="+cmKube, "--authorization-kubeconfig="+cmKube,
+		"--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
+		"--service-account-private-key-file="+c.pki.SAKey, "--root-ca-file="+c.pki.CA, "--use-service-account-credentials=true",
+		"--controllers=*", "--feature-gates="+c.gatesFor(t, "kube-controller-manager"))
+	schedKube := c.pki.kubeconfig(t, "scheduler", c.Server, "system:kube-scheduler")
+	c.Scheduler = startProc(t, "kube-scheduler", filepath.Join(dir, "kube-scheduler.log"), nil,
+		filepath.Join(kubeBin, "kube-scheduler"),
+		"--kubeconfig="+schedKube, "--authentication-kubeconfig="+schedKube, "--authorization-kubeconfig="+schedKube,
+		"--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
+		"--feature-gates="+c.gatesFor(t, "kube-scheduler"))
+
+	c.startContainerd(t, ctrdBin)
+	c.startKubelet(t)
+	c.startAccel(t)
+	// Pods are refused until the controller-manager made the namespace's service account.
+	if !waitFor(60*time.Second, func() bool {
+		_, err := c.kubectlErr("get", "serviceaccount", "default", "-n", "default")
+		return err == nil
+	}) {
+		t.Fatalf("no service account default/default:\n%s", tail(c.ControllerManager.Log, 20))
+	}
+	return c
+}
+
+// gatesFor answers the --feature-gates value for component: each of wantGates that its -h lists.
+func (c *Cluster) gatesFor(t *testing.T, component string) string {
+	t.Helper()
+	out, _ := exec.Command(filepath.Join(c.KubeBin, component), "-h").CombinedOutput()
+	var on []string
+	for _, g := range wantGates {
+		re := regexp.MustCompile(`\b` + g + `=true\|false \((ALPHA|BETA|GA)`)
+		if m := re.FindStringSubmatch(string(out)); m != nil {
+			on = append(on, g+"=true")
+			c.Gates[g] = m[1]
+		}
+	}
+	return strings.Join(on, ",")
+}
+
+// runtimeConfig turns on the resource.k8s.io versions the gated kinds need (DeviceTaintRule is
+// in an alpha or beta version where DRADeviceTaints is not GA).
+// (the scheduler waits for every informer it starts, so a gate whose API is not served leaves
+// every pod unscheduled).
+func (c *Cluster) runtimeConfig() string {
+	rc := "resource.k8s.io/v1=true"
+	if c.Gates["DRADeviceTaints"] == "ALPHA" {
+		rc += ",resource.k8s.io/v1alpha3=true"
+	}
+	return rc
+}
+
+// kubectl runs kubectl as the cluster's admin and answers its stdout; a failure fails the test.
+func (c *Cluster) kubectl(args ...string) string {
+	c.t.Helper()
+	out, err := c.kubectlErr(args...)
+	if err != nil {
+		c.t.Fatalf("kubectl %s: %v", strings.Join(args, " "), err)
+	}
+	return out
+}
+
+// kubectlErr runs kubectl as the cluster's admin: stdout, and an error carrying stderr.
+func (c *Cluster) kubectlErr(args ...string) (string, error) {
+	return c.kubectlIn("", args...)
+}
+
+// kubectlIn runs kubectl with stdin.
+func (c *Cluster) kubectlIn(stdin string, args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(c.KubeBin, "kubectl"), append([]string{"--kubeconfig", c.Admin, "--request-timeout=30s"}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%v: %s", err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+// apply applies YAML from stdin.
+func (c *Cluster) apply(yaml string) {
+	c.t.Helper()
+	if out, err := c.kubectlIn(yaml, "apply", "-f", "-"); err != nil {
+		c.t.Fatalf("kubectl apply: %v\n%s\n%s", err, out, yaml)
+	}
+}
+
+// Teardown stops every component, removes what the containers left (runc containers, shims,
+// mounts, device nodes) and the temp dir, unless NRI_ACCEL_CLUSTER_KEEP is set, when the dir
+// stays for reading. A failed test's logs are copied under tests/results first.
+func (c *Cluster) Teardown() {
+	if c.t.Failed() {
+		c.keepLogs()
+	}
+	for _, p := range []*proc{c.Kubelet, c.Accel, c.Scheduler, c.ControllerManager, c.APIServer, c.Etcd} {
+		if p != nil {
+			p.Stop(10 * time.Second)
+		}
+	}
+	if c.Containerd != nil {
+		c.Containerd.Stop(10 * time.Second)
+	}
+	killUnder(c.Dir)
+	unmountUnder(c.Dir)
+	if c.Devs != nil {
+		os.RemoveAll(c.Devs.Dir)
+	}
+	if c.madeVarLibKubelet {
+		_ = os.Remove(devicePluginPath)
+		_ = os.Remove(filepath.Dir(devicePluginPath))
+	}
+	if os.Getenv("NRI_ACCEL_CLUSTER_KEEP") == "" {
+		os.RemoveAll(c.Dir)
+	}
+}
+
+// keepLogs copies the components' logs and configs and nri-accel's CDI specs to
+// tests/results/<test>/.
+func (c *Cluster) keepLogs() {
+	base := os.Getenv("NRI_ACCEL_E2E_RESULTS")
+	if base == "" {
+		base = filepath.Join(testsDir(), "results")
+	}
+	out := filepath.Join(base, strings.ReplaceAll(c.t.Name(), "/", "_"))
+	_ = os.MkdirAll(out, 0o755)
+	files, _ := filepath.Glob(filepath.Join(c.Dir, "*.log"))
+	more, _ := filepath.Glob(filepath.Join(c.Dir, "*", "*.yaml"))
+	files = append(files, more...)
+	more, _ = filepath.Glob(filepath.Join(c.Dir, "*.toml"))
+	files = append(files, more...)
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			rel, _ := filepath.Rel(c.Dir, f)
+			_ = os.WriteFile(filepath.Join(out, strings.ReplaceAll(rel, "/", "_")), b, 0o644)
+		}
+	}
+	if o, err := c.kubectlErr("get", "pods,resourceclaims,resourceslices,events", "-A", "-o", "wide"); err == nil {
+		_ = os.WriteFile(filepath.Join(out, "kubectl-get.txt"), []byte(o), 0o644)
+	}
+	c.t.Logf("logs kept under %s", out)
+}
+
+// imageRef is the suite's only image.
+const imageRef = ociimage.Ref
+
+// minor is the Kubernetes minor version (34 for v1.34.4).
+func (c *Cluster) minor() int {
+	var major, minor int
+	fmt.Sscanf(c.Version, "v%d.%d", &major, &minor)
+	return minor
+}

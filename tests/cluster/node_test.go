@@ -1,0 +1,381 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"nri-accel/tests/internal/ociimage"
+)
+
+// startContainerd runs the node's containerd (config version 3) with NRI and CDI on, the OOM
+// score restriction this sandbox needs, the suite's image as the sandbox image and a CNI config
+// that is never run (pods use the host network) but lets containerd report the network ready.
+func (c *Cluster) startContainerd(t *testing.T, bin string) {
+	t.Helper()
+	d := filepath.Join(c.Dir, "containerd")
+	cni := filepath.Join(d, "cni")
+	must(t, os.MkdirAll(cni, 0o755))
+	must(t, os.WriteFile(filepath.Join(cni, "10-host-only.conflist"), []byte(
+		`{"cniVersion":"1.0.0","name":"host-only","plugins":[{"type":"loopback"}]}`), 0o644))
+	c.CDIDir = filepath.Join(c.Dir, "cdi")
+	must(t, os.MkdirAll(c.CDIDir, 0o755))
+	c.CRISocket = filepath.Join(d, "containerd.sock")
+	cfg := fmt.Sprintf(`version = 3
+root = %q
+state = %q
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+[plugins.'io.containerd.internal.v1.opt']
+  path = %q
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = %q
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = true
+  cdi_spec_dirs = [%q]
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    conf_dir = %q
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        Root = %q
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = %q
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
+`, filepath.Join(d, "root"), filepath.Join(d, "state"), c.CRISocket, c.CRISocket+".ttrpc", filepath.Join(d, "opt"),
+		imageRef, c.CDIDir, cni, filepath.Join(d, "runc"), c.nriSocket())
+	config := filepath.Join(c.Dir, "containerd.toml")
+	must(t, os.WriteFile(config, []byte(cfg), 0o644))
+	c.Containerd = startProc(t, "containerd", filepath.Join(c.Dir, "containerd.log"), []string{"PATH=" + bin + ":" + os.Getenv("PATH")},
+		filepath.Join(bin, "containerd"), "--config", config)
+	if !waitFor(60*time.Second, func() bool { return criReady(c.CRISocket) == nil || !c.Containerd.Running() }) || !c.Containerd.Running() {
+		t.Fatalf("containerd did not come up:\n%s", tail(c.Containerd.Log, 30))
+	}
+	archive := ociimage.Archive(t, d)
+	if out, err := exec.Command(filepath.Join(bin, "ctr"), "--address", c.CRISocket, "-n", "k8s.io", "images", "import", archive).CombinedOutput(); err != nil {
+		t.Fatalf("ctr images import: %v\n%s", err, out)
+	}
+}
+
+func (c *Cluster) nriSocket() string { return filepath.Join(c.Dir, "containerd", "nri.sock") }
+
+// The kernel settings the kubelet insists on (it writes them when they differ, or with
+// protectKernelDefaults refuses to start). The kubelet runs in a mount namespace of its own
+// where these files are bound over by files holding the values it wants, so the shared host's
+// settings are left alone.
+var kubeletSysctls = map[string]string{
+	"vm/overcommit_memory":      "1",
+	"vm/panic_on_oom":           "0",
+	"kernel/panic":              "10",
+	"kernel/panic_on_oops":      "1",
+	"kernel/keys/root_maxkeys":  "1000000",
+	"kernel/keys/root_maxbytes": "25000000",
+}
+
+// devicePluginPath is the device plugin API's fixed dir of the kubelet's socket.
+const devicePluginPath = "/var/lib/kubelet/device-plugins"
+
+// startKubelet runs the kubelet on the node's containerd with the settings this sandbox needs
+// (tests/README.md, "The cluster suite"), and waits until the Node is Ready.
+func (c *Cluster) startKubelet(t *testing.T) {
+	t.Helper()
+	c.KubeletDir = filepath.Join(c.Dir, "kubelet")
+	must(t, os.MkdirAll(c.KubeletDir, 0o755))
+	for _, sub := range []string{"plugins_registry", "plugins", "device-plugins"} {
+		must(t, os.MkdirAll(filepath.Join(c.KubeletDir, sub), 0o750))
+	}
+	kubeconfig := c.pki.kubeconfig(t, "kubelet", c.Server, "system:node:"+nodeName, "system:nodes")
+	srvCert, srvKey := c.pki.issue(t, "kubelet-server", "system:node:"+nodeName, []string{"system:nodes"}, "127.0.0.1", nodeName)
+	gates := c.gatesFor(t, "kubelet")
+	var gateYAML strings.Builder
+	for _, g := range strings.Split(gates, ",") {
+		if k, v, ok := strings.Cut(g, "="); ok {
+			fmt.Fprintf(&gateYAML, "\n  %s: %s", k, v)
+		}
+	}
+	if gateYAML.Len() == 0 {
+		gateYAML.WriteString(" {}")
+	}
+	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+readOnlyPort: 0
+healthzPort: 0
+tlsCertFile: %q
+tlsPrivateKeyFile: %q
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: %q}
+authorization: {mode: AlwaysAllow}
+containerRuntimeEndpoint: unix://%s
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+failCgroupV1: false
+oomScoreAdj: 0
+podLogsDir: %q
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%"}
+syncFrequency: 10s
+fileCheckFrequency: 10s
+resolvConf: /etc/resolv.conf
+featureGates:%s
+`, freePort(t), srvCert, srvKey, c.pki.CA, c.CRISocket, filepath.Join(c.Dir, "pod-logs"), gateYAML.String())
+	cfgPath := filepath.Join(c.Dir, "kubelet.yaml")
+	must(t, os.WriteFile(cfgPath, []byte(cfg), 0o644))
+
+	sysctls := filepath.Join(c.Dir, "sysctl")
+	must(t, os.MkdirAll(sysctls, 0o755))
+	var binds []string
+	for k, v := range kubeletSysctls {
+		f := filepath.Join(sysctls, strings.ReplaceAll(k, "/", "_"))
+		must(t, os.WriteFile(f, []byte(v+"\n"), 0o644))
+		binds = append(binds, fmt.Sprintf("mount --bind %s /proc/sys/%s", f, k))
+	}
+	// The kubelet's device plugin socket is always /var/lib/kubelet/device-plugins/kubelet.sock
+	// (the device plugin API fixes it, whatever --root-dir says): in the kubelet's mount
+	// namespace that dir is the cluster's own, where nri-accel's device plugins find it.
+	if _, err := os.Stat("/var/lib/kubelet"); os.IsNotExist(err) {
+		c.madeVarLibKubelet = true
+	}
+	binds = append(binds, "mkdir -p "+devicePluginPath,
+		fmt.Sprintf("mount --bind %s %s", filepath.Join(c.KubeletDir, "device-plugins"), devicePluginPath))
+	script := "set -e; " + strings.Join(binds, "; ") + `; exec "$@"`
+	c.Kubelet = startProc(t, "kubelet", filepath.Join(c.Dir, "kubelet.log"), nil,
+		"unshare", "--mount", "--", "sh", "-c", script, "kubelet",
+		filepath.Join(c.KubeBin, "kubelet"), "--config="+cfgPath, "--kubeconfig="+kubeconfig,
+		"--root-dir="+c.KubeletDir, "--hostname-override="+nodeName, "--v=2")
+	if !waitFor(120*time.Second, func() bool { return c.nodeReady() || !c.Kubelet.Running() }) || !c.Kubelet.Running() {
+		t.Fatalf("node %s did not become Ready:\n%s", nodeName, tail(c.Kubelet.Log, 60))
+	}
+}
+
+// nodeReady reports whether the Node's Ready condition is True.
+func (c *Cluster) nodeReady() bool {
+	out, err := c.kubectlErr("get", "node", nodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+	return err == nil && out == "True"
+}
+
+// fakeDevices are real char device nodes under a temp dir of /dev whose major no driver owns:
+// opening one inside a container fails with ENXIO when the device cgroup lets it through.
+type fakeDevices struct {
+	Dir   string
+	Major uint32
+	N     int
+}
+
+func mkDevices(t *testing.T, n int) *fakeDevices {
+	t.Helper()
+	procDevices, _ := os.ReadFile("/proc/devices")
+	major := uint32(300)
+	for strings.Contains(string(procDevices), fmt.Sprintf("\n%d ", major)) {
+		major++
+	}
+	dir, err := os.MkdirTemp("/dev", "nri-accel-cluster-")
+	must(t, err)
+	for i := 0; i < n; i++ {
+		minor := uint32(i)
+		dev := uint64(minor&0xff) | uint64(major&0xfff)<<8 | uint64(minor&^0xff)<<12 | uint64(major&^0xfff)<<32
+		path := filepath.Join(dir, fmt.Sprintf("accel%d", i))
+		must(t, syscall.Mknod(path, syscall.S_IFCHR|0o666, int(dev)))
+		must(t, os.Chmod(path, 0o666))
+	}
+	return &fakeDevices{Dir: dir, Major: major, N: n}
+}
+
+func (d *fakeDevices) Path(i int) string { return filepath.Join(d.Dir, fmt.Sprintf("accel%d", i)) }
+
+// startAccel applies packaging/kubernetes (rbac.yaml and deviceclasses.yaml as shipped), gives
+// nri-accel's service account a token bound to the node (so the shipped admission policy lets
+// it write this node's slices), and runs nri-accel on the host as the node's NRI plugin and DRA
+// driver (and device plugin with Options.DevicePlugin) with a static inventory of fake devices:
+// `whole` (exclusive, WholeDevices devices, one NUMA-local CPU each), `shared0` (2 replicas)
+// and `sliced0` (2 slots).
+func (c *Cluster) startAccel(t *testing.T) {
+	t.Helper()
+	pkg := filepath.Join(testsDir(), "..", "packaging", "kubernetes")
+	for _, f := range []string{"rbac.yaml", "deviceclasses.yaml"} {
+		if out, err := c.kubectlErr("apply", "-f", filepath.Join(pkg, f)); err != nil {
+			t.Fatalf("kubectl apply -f packaging/kubernetes/%s: %v\n%s", f, err, out)
+		}
+	}
+	token := strings.TrimSpace(c.kubectl("create", "token", "nri-accel", "-n", "nri-accel",
+		"--bound-object-kind", "Node", "--bound-object-name", nodeName, "--duration", "24h"))
+	kubeconfig := c.pki.tokenKubeconfig(t, "nri-accel", c.Server, token)
+
+	whole := c.Opts.WholeDevices
+	if whole == 0 {
+		whole = 1
+	}
+	c.Devs = mkDevices(t, whole+2)
+	cpus, err := os.ReadFile("/sys/devices/system/cpu/online")
+	must(t, err)
+	c.CPUs = strings.TrimSpace(string(cpus))
+	last := c.CPUs[strings.LastIndexAny(c.CPUs, ",-")+1:]
+	c.LocalCPU = last
+
+	c.AccelDir = filepath.Join(c.Dir, "nri-accel")
+	must(t, os.MkdirAll(c.AccelDir, 0o755))
+	var b strings.Builder
+	fmt.Fprintf(&b, "state_dir: %s\nnri:\n  socket: %s\nclaims_api:\n  socket: %s\ncdi:\n  dir: %s\n"+
+		"reconcile_interval_secs: 0\n", filepath.Join(c.AccelDir, "state"), c.nriSocket(), filepath.Join(c.AccelDir, "claims.sock"), c.CDIDir)
+	if !c.Opts.NoDRA {
+		fmt.Fprintf(&b, "dra:\n  enabled: true\n  driver_name: accel.nri.io\n  plugins_registry_dir: %s\n  plugins_dir: %s\n"+
+			"kubernetes:\n  node_name: %s\n  kubeconfig: %s\n",
+			filepath.Join(c.KubeletDir, "plugins_registry"), filepath.Join(c.KubeletDir, "plugins"), nodeName, kubeconfig)
+	}
+	if c.Opts.DevicePlugin {
+		fmt.Fprintf(&b, "device_plugin:\n  enabled: true\n  dir: %s\n", filepath.Join(c.KubeletDir, "device-plugins"))
+	}
+	fmt.Fprintf(&b, "discovery:\n  sysfs: false\n  cpus: %q\n  static_devices:\n", c.CPUs)
+	dev := func(i int, id string) {
+		fmt.Fprintf(&b, "    - id: %s\n      vendor: e2e\n      model: fake\n      numa_node: 0\n      local_cpus: %q\n"+
+			"      memory_mib: 16384\n      compute_units: 8\n      nodes:\n        - { path: %s, major: %d, minor: %d }\n",
+			id, c.LocalCPU, c.Devs.Path(i), c.Devs.Major, i)
+	}
+	var ids []string
+	for i := 0; i < whole; i++ {
+		ids = append(ids, fmt.Sprintf("accel%d", i))
+		dev(i, ids[i])
+	}
+	dev(whole, "shared0")
+	dev(whole+1, "sliced0")
+	fmt.Fprintf(&b, "pools:\n  - name: whole\n    select: { ids: [%s] }\n    family: { kind: exclusive }\n    cpus_per_device: 1\n",
+		strings.Join(ids, ", "))
+	b.WriteString("  - name: shared\n    select: { ids: [shared0] }\n    family: { kind: shared, replicas: 2, memory_mib_per_share: 8192 }\n")
+	b.WriteString("  - name: sliced\n    select: { ids: [sliced0] }\n    family:\n      kind: sliced\n      slots: 2\n      profiles:\n" +
+		"        - { name: half, size: 1, memory_mib: 8192, compute_units: 4, starts: [0, 1] }\n")
+	c.AccelCfg = filepath.Join(c.AccelDir, "config.yaml")
+	must(t, os.WriteFile(c.AccelCfg, []byte(b.String()), 0o644))
+	if out, err := exec.Command(accelBin(t), "check-config", "--config", c.AccelCfg).CombinedOutput(); err != nil {
+		t.Fatalf("nri-accel check-config: %v\n%s", err, out)
+	}
+	c.Accel = startProc(t, "nri-accel", filepath.Join(c.Dir, "nri-accel.log"), []string{"NRI_ACCEL_LOG=info"},
+		accelBin(t), "run", "--config", c.AccelCfg)
+	c.waitAccelReady(t)
+}
+
+// waitAccelReady waits until nri-accel's gate is open, its slices are published and the kubelet
+// has registered its DRA driver.
+func (c *Cluster) waitAccelReady(t *testing.T) {
+	t.Helper()
+	if !waitFor(90*time.Second, func() bool {
+		st, err := c.AccelStatus()
+		if err != nil || !c.Accel.Running() {
+			return !c.Accel.Running()
+		}
+		gate, _ := st["gate"].(map[string]any)
+		open, _ := gate["open"].(bool)
+		state := field(st, "kubernetes", "resource_slices", "state")
+		kubelet, _ := st["kubelet"].(map[string]any)
+		dra, _ := kubelet["dra"].(map[string]any)
+		if c.Opts.NoDRA {
+			return open && c.allocatable("accel.nri.io/whole") > 0
+		}
+		return open && state == "published" && dra["registration"] == "registered"
+	}) || !c.Accel.Running() {
+		st, _ := c.AccelStatus()
+		t.Fatalf("nri-accel did not come up (gate, published slices, kubelet registration); status %v\nlog:\n%s\nkubelet:\n%s",
+			st, tail(c.Accel.Log, 40), tail(c.Kubelet.Log, 20))
+	}
+}
+
+// AccelStatus is `nri-accel status --json`.
+func (c *Cluster) AccelStatus() (map[string]any, error) {
+	out, err := exec.Command(accelBin(c.t), "status", "--json", "--config", c.AccelCfg).Output()
+	if err != nil {
+		return nil, fmt.Errorf("status: %v", err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// criReady answers nil once the runtime's CRI reports RuntimeReady.
+func criReady(socket string) error {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := cri.NewRuntimeServiceClient(conn).Status(ctx, &cri.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	for _, cond := range st.GetStatus().GetConditions() {
+		if cond.Type == cri.RuntimeReady && cond.Status {
+			return nil
+		}
+	}
+	return fmt.Errorf("runtime not ready")
+}
+
+// ExecIn runs cmd in the running container `container` of pod ns/name through the node's CRI
+// (the kubelet's exec would make the API server dial the node's non-loopback address).
+func (c *Cluster) ExecIn(ns, pod, container string, cmd ...string) (string, error) {
+	conn, err := grpc.NewClient("unix://"+c.CRISocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	rt := cri.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	list, err := rt.ListContainers(ctx, &cri.ListContainersRequest{Filter: &cri.ContainerFilter{
+		State: &cri.ContainerStateValue{State: cri.ContainerState_CONTAINER_RUNNING},
+		LabelSelector: map[string]string{"io.kubernetes.pod.namespace": ns, "io.kubernetes.pod.name": pod,
+			"io.kubernetes.container.name": container}}})
+	if err != nil {
+		return "", err
+	}
+	if len(list.Containers) != 1 {
+		return "", fmt.Errorf("%d running containers %s in pod %s/%s", len(list.Containers), container, ns, pod)
+	}
+	r, err := rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: list.Containers[0].Id, Cmd: cmd, Timeout: 30})
+	if err != nil {
+		return "", err
+	}
+	if r.ExitCode != 0 {
+		return string(r.Stdout), fmt.Errorf("%q exited %d: %s", strings.Join(cmd, " "), r.ExitCode, r.Stderr)
+	}
+	return string(r.Stdout), nil
+}
+
+// allocatable answers the Node's allocatable count of an extended resource (0 when absent).
+func (c *Cluster) allocatable(resource string) int {
+	out, err := c.kubectlErr("get", "node", nodeName, "-o", "jsonpath={.status.allocatable."+strings.ReplaceAll(resource, ".", "\\.")+"}")
+	if err != nil {
+		return 0
+	}
+	var n int
+	fmt.Sscanf(out, "%d", &n)
+	return n
+}
