@@ -121,6 +121,14 @@ fn a_family_that_is_not_a_mapping_names_the_field_and_the_accepted_forms() {
     );
     let e = err("pools:\n  - name: whole\n    family: 3\n");
     assert!(e.to_string().contains("found integer `3`"), "{e}");
+    // A sequence is not a family either (serde alone took its first item as the kind).
+    let e = err("pools:\n  - name: whole\n    family: [exclusive]\n");
+    let text = e.to_string();
+    assert!(
+        text.contains("pools[0].family: expected a mapping"),
+        "{text}"
+    );
+    assert!(text.contains("found sequence"), "{text}");
     let e = err("pools:\n  - name: whole\n    family: {replicas: 2}\n");
     assert!(e.to_string().contains("the family names no kind"), "{e}");
 }

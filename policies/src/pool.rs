@@ -14,6 +14,7 @@ pub struct PoolConfig {
     #[serde(default)]
     pub select: DeviceSelector,
     /// The family (policy) and its parameters.
+    #[serde(deserialize_with = "family_from_mapping")]
     pub family: FamilyConfig,
     /// Exclusive CPUs from the device's NUMA node given with each granted device (0 = none).
     #[serde(default)]
@@ -69,6 +70,24 @@ impl DeviceSelector {
             })
             && (self.ids.is_empty() || self.ids.contains(&device.id))
     }
+}
+
+/// Reads a family only from a mapping (`{kind: exclusive}`): serde's internally tagged enums
+/// also take a sequence whose first item is the kind, so `family: [exclusive]` was accepted
+/// silently. Anything else is refused as a value of the wrong type, in the words a string gets.
+fn family_from_mapping<'de, D: serde::Deserializer<'de>>(d: D) -> Result<FamilyConfig, D::Error> {
+    struct Mapping;
+    impl<'de> serde::de::Visitor<'de> for Mapping {
+        type Value = FamilyConfig;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            // The words serde uses for the enum itself, so one message path covers every form.
+            f.write_str("internally tagged enum FamilyConfig")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<FamilyConfig, A::Error> {
+            FamilyConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(Mapping)
 }
 
 /// The family of a pool and its parameters.
