@@ -117,7 +117,7 @@ fn against_config(ask: &ContainerAsk, pools: &[PoolConfig]) -> Option<Refusal> {
 /// With the nodes' devices: refused when no node could serve the ask even with every device
 /// free, with the refusal the node closest to serving it would give.
 fn against_nodes(ask: &ContainerAsk, nodes: &BTreeMap<String, Vec<Published>>) -> Option<Refusal> {
-    let mut best: Option<(u8, Refusal)> = None;
+    let mut best: Option<((u8, u32), Refusal)> = None;
     for devices in nodes.values() {
         match on_node(ask, devices) {
             None => return None,
@@ -135,8 +135,9 @@ fn against_nodes(ask: &ContainerAsk, nodes: &BTreeMap<String, Vec<Published>>) -
 /// decides it (`policies::Node`): the pools with a device matching the selector, those of the
 /// family asked, and for an exclusive pool its matching devices against the count. Shared and
 /// sliced pools are left to the node (their units depend on parameters slices do not carry).
-/// A refusal comes with a rank: how close the node came (capacity > family > nothing).
-fn on_node(ask: &ContainerAsk, devices: &[Published]) -> Option<(u8, Refusal)> {
+/// A refusal comes with a rank: how close the node came (capacity > family > nothing, then the
+/// most devices), so the sentence is the one of the node nearest to serving the ask.
+fn on_node(ask: &ContainerAsk, devices: &[Published]) -> Option<((u8, u32), Refusal)> {
     let mut by_pool: BTreeMap<&str, (&str, u32)> = BTreeMap::new();
     for p in devices {
         let entry = by_pool.entry(&p.pool).or_insert((&p.family, 0));
@@ -169,7 +170,7 @@ fn on_node(ask: &ContainerAsk, devices: &[Published]) -> Option<(u8, Refusal)> {
             },
         };
         let rank = if matching.is_empty() { 0 } else { 1 };
-        return Some((rank, refusal(reason)));
+        return Some(((rank, 0), refusal(reason)));
     }
     let exclusive = FamilyKind::Exclusive.name();
     if fitting
@@ -184,7 +185,7 @@ fn on_node(ask: &ContainerAsk, devices: &[Published]) -> Option<(u8, Refusal)> {
         .map(|p| **p)
         .unwrap_or(("", "", 0));
     Some((
-        2,
+        (2, most),
         refusal(RefusalReason::TooManyUnits {
             pool: pool.to_string(),
             asked: ask.count,

@@ -186,3 +186,98 @@ fn annotations_naming_no_container_warn_and_two_vendors_are_refused() {
     let v = check(&rules(), "ns", &mixed, &Capacity::Unknown("x".into()));
     assert!(v.message.unwrap().contains("two vendors"));
 }
+
+/// The node as the DRA driver publishes it: a real `policies::Node` over `devices` and
+/// `pools`, its slices built by `kube::slices` (the publisher's pure function).
+fn published_node(
+    devices: Vec<policies::Device>,
+    pools: &[PoolConfig],
+) -> (policies::Node, Capacity) {
+    use crate::kube::slices::{Capabilities, PoolInput, build};
+    use k8s_openapi::api::resource::v1::{ResourcePool, ResourceSlice, ResourceSliceSpec};
+    let inventory = policies::Inventory {
+        devices,
+        cpus: Default::default(),
+    };
+    let node = policies::Node::new(
+        inventory.clone(),
+        pools,
+        &policies::Registry::with_builtins(),
+    )
+    .unwrap();
+    let published = node.published();
+    let content = build(&PoolInput {
+        inventory: &inventory,
+        pools,
+        published: &published,
+        pcie_roots: &BTreeMap::new(),
+        unhealthy: &Default::default(),
+        caps: Capabilities::ALL,
+    });
+    let slice = ResourceSlice {
+        spec: ResourceSliceSpec {
+            driver: "accel.nri.io".into(),
+            node_name: Some("node-a".into()),
+            pool: ResourcePool {
+                name: "node-a".into(),
+                generation: 1,
+                resource_slice_count: 1,
+            },
+            devices: Some(content.devices.into_iter().map(|e| e.device).collect()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let nodes = super::super::fleet::nodes_of(&[slice]);
+    assert!(!nodes.is_empty(), "nothing read from the published slice");
+    (node, Capacity::Known(nodes))
+}
+
+#[test]
+fn the_refusals_are_the_ones_the_node_gives_for_what_it_publishes() {
+    let gpu = |i: u32| {
+        crate::fixtures::simulated_gpu(i, 0, Default::default(), format!("0000:1{i}:00.0"))
+    };
+    let pools = vec![
+        PoolConfig::of_ids("whole", &["gpu0", "gpu1"], FamilyConfig::Exclusive),
+        PoolConfig::of_ids(
+            "share",
+            &["gpu2"],
+            FamilyConfig::Shared {
+                replicas: 4,
+                memory_mib_per_share: 0,
+                compute_percent_per_share: 0,
+            },
+        ),
+    ];
+    let (mut node, capacity) = published_node(vec![gpu(0), gpu(1), gpu(2)], &pools);
+    let rules = Rules {
+        prefix: "accel.nri.io".into(),
+        pools: pools.clone(),
+    };
+    for value in [
+        "count=3,family=exclusive",
+        "vendor=amd",
+        "device=gpu9",
+        "family=sliced",
+        "model=A100",
+    ] {
+        let p = pod(&[("accel.nri.io/container.c", value)], &["c"]);
+        let ask = annotations::parse("k", value).unwrap();
+        let on_node = node
+            .allocate(&ask.to_claim(CLAIM.into(), "ns", "p/c"))
+            .expect_err(value)
+            .to_string();
+        let v = check(&rules, "ns", &p, &capacity);
+        assert_eq!(
+            v.message.as_deref(),
+            Some(format!("container c of pod ns/p: {on_node}").as_str()),
+            "{value}"
+        );
+    }
+    // What the node serves, the webhook admits.
+    for value in ["count=2", "family=shared", "device=gpu1", "vendor=NVIDIA"] {
+        let p = pod(&[("accel.nri.io/container.c", value)], &["c"]);
+        assert!(check(&rules, "ns", &p, &capacity).allowed, "{value}");
+    }
+}
