@@ -153,6 +153,7 @@ async fn start(dir: &Path, capacity: Capacity) -> (SocketAddr, Arc<Certificates>
         rules: Arc::new(Rules {
             prefix: "accel.nri.io".into(),
             pools: vec![PoolConfig::of_ids("gpus", &[], FamilyConfig::Exclusive)],
+            registry: policies::Registry::with_builtins(),
         }),
         fleet: Fleet::fixed(capacity),
     };

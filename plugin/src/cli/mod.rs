@@ -236,6 +236,6 @@ pub async fn dispatch(
         Command::Unprepare { uid } => claims::unprepare(&cli.config, uid).await,
         Command::Reconcile { dry_run } => reconcile::run(&cli.config, dry_run, registry).await,
         Command::Cleanup { force } => cleanup::run(&cli.config, force).await,
-        Command::Webhook(args) => webhook::run(&cli.config, args).await,
+        Command::Webhook(args) => webhook::run(&cli.config, args, registry).await,
     }
 }

@@ -42,14 +42,20 @@ pub struct WebhookArgs {
     pub capacity_refresh_secs: u64,
 }
 
-/// Runs the webhook until SIGTERM or SIGINT.
-pub async fn run(config_path: &Path, args: WebhookArgs) -> anyhow::Result<ExitCode> {
+/// Runs the webhook until SIGTERM or SIGINT, judging asks with the policies of `registry`
+/// (the nodes' build should register the same).
+pub async fn run(
+    config_path: &Path,
+    args: WebhookArgs,
+    registry: &policies::Registry,
+) -> anyhow::Result<ExitCode> {
     let config = super::load_config(config_path)?;
     let certs = Certificates::load(&args.tls_dir)?;
     let _watch = certs.watch(Duration::from_secs(args.tls_reload_secs));
     let rules = Arc::new(Rules {
         prefix: config.annotations.prefix.clone(),
         pools: config.pools.clone(),
+        registry: registry.clone(),
     });
     let (fleet, _refresh) = match args.capacity {
         CapacitySource::None => (

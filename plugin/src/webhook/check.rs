@@ -4,13 +4,14 @@
 //! The annotations are parsed by the node's parser ([`crate::daemon::annotations`]), so a
 //! malformed value or two vendors read exactly as the runtime would report them. The pools'
 //! families come from the config the nodes share; the capacity from what the nodes publish
-//! ([`super::fleet`]). A refusal about pools or capacity is a [`policies::Refusal`], whose
-//! sentence the node's policies write; the claim it names is the one the node would create,
-//! `ctr-<container id>`, since the container has no id before it exists.
+//! ([`super::fleet`]): each node's published devices are put in a `policies::Node` with the
+//! config's pools, and its allocator answers the ask as it would on the node with every device
+//! free. A refusal is that [`policies::Refusal`]; the claim it names is the one the node would
+//! create, `ctr-<container id>`, since the container has no id before it exists.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use policies::{FamilyKind, PoolConfig, Refusal, RefusalReason};
+use policies::{DeviceSelector, Inventory, Node, PoolConfig, Refusal, RefusalReason, Registry};
 
 use super::fleet::{Capacity, Published};
 use super::review::{Pod, Verdict};
@@ -23,12 +24,23 @@ pub const CLAIM: &str = "ctr-<container id>";
 const REQUEST: &str = "annotation";
 
 /// What the check needs besides the pod.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Rules {
     /// The annotation prefix (`annotations.prefix` in the config).
     pub prefix: String,
     /// The pools of the config the nodes run with.
     pub pools: Vec<PoolConfig>,
+    /// The policies the pools may name (the nodes' build's; the stock one's built-ins).
+    pub registry: Registry,
+}
+
+impl std::fmt::Debug for Rules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rules")
+            .field("prefix", &self.prefix)
+            .field("pools", &self.pools)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The verdict on `pod` (in `namespace`, when the pod's own metadata lacks it).
@@ -80,7 +92,7 @@ pub fn check(rules: &Rules, namespace: &str, pod: &Pod, capacity: &Capacity) -> 
         let refusal = match capacity {
             Capacity::Known(nodes) => {
                 capacity_checked = true;
-                against_nodes(&ask, nodes)
+                against_nodes(&ask, nodes, rules)
             }
             Capacity::Unknown(_) => against_config(&ask, &rules.pools),
         };
@@ -115,83 +127,73 @@ fn against_config(ask: &ContainerAsk, pools: &[PoolConfig]) -> Option<Refusal> {
 }
 
 /// With the nodes' devices: refused when no node could serve the ask even with every device
-/// free, with the refusal the node closest to serving it would give.
-fn against_nodes(ask: &ContainerAsk, nodes: &BTreeMap<String, Vec<Published>>) -> Option<Refusal> {
+/// free, with the refusal of the node that came nearest.
+fn against_nodes(
+    ask: &ContainerAsk,
+    nodes: &BTreeMap<String, Vec<Published>>,
+    rules: &Rules,
+) -> Option<Refusal> {
     let mut best: Option<((u8, u32), Refusal)> = None;
     for devices in nodes.values() {
-        match on_node(ask, devices) {
-            None => return None,
-            Some((rank, r)) => {
-                if best.as_ref().is_none_or(|(b, _)| rank > *b) {
-                    best = Some((rank, r));
-                }
-            }
+        let r = on_node(ask, devices, rules)?;
+        let rank = rank(&r.reason);
+        if best.as_ref().is_none_or(|(b, _)| rank > *b) {
+            best = Some((rank, r));
         }
     }
     best.map(|(_, r)| r)
 }
 
-/// Whether one node could serve the ask with all its devices free, as the node's allocator
-/// decides it (`policies::Node`): the pools with a device matching the selector, those of the
-/// family asked, and for an exclusive pool its matching devices against the count. Shared and
-/// sliced pools are left to the node (their units depend on parameters slices do not carry).
-/// A refusal comes with a rank: how close the node came (capacity > family > nothing, then the
-/// most devices), so the sentence is the one of the node nearest to serving the ask.
-fn on_node(ask: &ContainerAsk, devices: &[Published]) -> Option<((u8, u32), Refusal)> {
-    let mut by_pool: BTreeMap<&str, (&str, u32)> = BTreeMap::new();
+/// How near a refusal came to a grant, to pick the most telling node's: a request that fits
+/// a pool but asks too much (the more the pool has, the nearer) > a pool of another family >
+/// nothing matching.
+fn rank(reason: &RefusalReason) -> (u8, u32) {
+    match reason {
+        RefusalReason::NoMatchingPool { .. } | RefusalReason::UnknownDevice => (0, 0),
+        RefusalReason::WrongFamily { .. } | RefusalReason::NoPoolOfFamily { .. } => (1, 0),
+        RefusalReason::TooManyUnits { most, .. } => (2, *most),
+        _ => (2, 0),
+    }
+}
+
+/// What one node answers the ask with all its devices free, decided by the node's own
+/// allocator: a `policies::Node` over the devices the node publishes, in the pools it publishes
+/// them in, with the config's family parameters. `None`: it serves the ask, or it cannot be
+/// modelled (a pool the config does not have, a policy this build lacks), and is given the
+/// benefit of the doubt. The pools' accelerator-local CPUs are left out: what CPUs are free is
+/// the node's business at creation time.
+fn on_node(ask: &ContainerAsk, devices: &[Published], rules: &Rules) -> Option<Refusal> {
+    let mut members: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for p in devices {
-        let entry = by_pool.entry(&p.pool).or_insert((&p.family, 0));
-        if ask.selector.matches(&p.device) {
-            entry.1 += 1;
+        members
+            .entry(p.pool.as_str())
+            .or_default()
+            .push(p.device.id.clone());
+    }
+    let mut pools = Vec::new();
+    for config in &rules.pools {
+        if let Some(ids) = members.remove(config.name.as_str()) {
+            pools.push(PoolConfig {
+                name: config.name.clone(),
+                select: DeviceSelector {
+                    ids,
+                    ..DeviceSelector::default()
+                },
+                family: config.family.clone(),
+                cpus_per_device: 0,
+            });
         }
     }
-    let matching: Vec<(&str, &str, u32)> = by_pool
-        .iter()
-        .filter(|(_, (_, n))| *n > 0)
-        .map(|(pool, (family, n))| (*pool, *family, *n))
-        .collect();
-    let fitting: Vec<&(&str, &str, u32)> = matching
-        .iter()
-        .filter(|(_, family, _)| ask.family.as_ref().is_none_or(|f| f.name() == *family))
-        .collect();
-    if fitting.is_empty() {
-        let reason = match (&ask.family, matching.as_slice()) {
-            (Some(asked), [(pool, family, _)]) => RefusalReason::WrongFamily {
-                pool: pool.to_string(),
-                family: family.to_string(),
-                asked: asked.name().to_string(),
-            },
-            (Some(asked), [_, _, ..]) => RefusalReason::NoPoolOfFamily {
-                request: REQUEST.into(),
-                family: asked.name().to_string(),
-            },
-            _ => RefusalReason::NoMatchingPool {
-                request: REQUEST.into(),
-            },
-        };
-        let rank = if matching.is_empty() { 0 } else { 1 };
-        return Some(((rank, 0), refusal(reason)));
-    }
-    let exclusive = FamilyKind::Exclusive.name();
-    if fitting
-        .iter()
-        .any(|(_, family, n)| *family != exclusive || *n >= ask.count)
-    {
+    if !members.is_empty() {
         return None;
     }
-    let (pool, _, most) = fitting
-        .iter()
-        .max_by_key(|(_, _, n)| *n)
-        .map(|p| **p)
-        .unwrap_or(("", "", 0));
-    Some((
-        (2, most),
-        refusal(RefusalReason::TooManyUnits {
-            pool: pool.to_string(),
-            asked: ask.count,
-            most,
-        }),
-    ))
+    let inventory = Inventory {
+        devices: devices.iter().map(|p| p.device.clone()).collect(),
+        cpus: Default::default(),
+    };
+    let mut node = Node::new(inventory, &pools, &rules.registry).ok()?;
+    node.allocate(&ask.to_claim(CLAIM.to_string(), "", ""))
+        .err()
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ fn rules() -> Rules {
     Rules {
         prefix: "accel.nri.io".into(),
         pools: vec![PoolConfig::of_ids("gpus", &[], FamilyConfig::Exclusive)],
+        registry: policies::Registry::with_builtins(),
     }
 }
 
@@ -249,18 +250,36 @@ fn the_refusals_are_the_ones_the_node_gives_for_what_it_publishes() {
                 compute_percent_per_share: 0,
             },
         ),
+        PoolConfig::of_ids(
+            "mig",
+            &["gpu3"],
+            FamilyConfig::Sliced {
+                slots: 8,
+                profiles: vec![policies::ProfileConfig {
+                    name: "1g.10gb".into(),
+                    size: 1,
+                    memory_mib: 10240,
+                    compute_units: 16,
+                    starts: (0..7).collect(),
+                }],
+            },
+        ),
     ];
-    let (mut node, capacity) = published_node(vec![gpu(0), gpu(1), gpu(2)], &pools);
+    let (mut node, capacity) = published_node(vec![gpu(0), gpu(1), gpu(2), gpu(3)], &pools);
     let rules = Rules {
         prefix: "accel.nri.io".into(),
         pools: pools.clone(),
+        registry: policies::Registry::with_builtins(),
     };
     for value in [
         "count=3,family=exclusive",
         "vendor=amd",
         "device=gpu9",
-        "family=sliced",
         "model=A100",
+        "family=sliced,profile=7g.80gb",
+        "family=sliced,profile=1g.10gb,count=8",
+        "family=shared,count=5",
+        "family=shared,shares=5",
     ] {
         let p = pod(&[("accel.nri.io/container.c", value)], &["c"]);
         let ask = annotations::parse("k", value).unwrap();
@@ -276,7 +295,16 @@ fn the_refusals_are_the_ones_the_node_gives_for_what_it_publishes() {
         );
     }
     // What the node serves, the webhook admits.
-    for value in ["count=2", "family=shared", "device=gpu1", "vendor=NVIDIA"] {
+    for value in [
+        "count=2",
+        "family=shared",
+        "family=shared,count=4",
+        "family=shared,shares=2",
+        "device=gpu1",
+        "vendor=NVIDIA",
+        "family=sliced,profile=1g.10gb,count=7",
+        "family=sliced",
+    ] {
         let p = pod(&[("accel.nri.io/container.c", value)], &["c"]);
         assert!(check(&rules, "ns", &p, &capacity).allowed, "{value}");
     }
