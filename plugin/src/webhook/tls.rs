@@ -104,8 +104,8 @@ pub struct Certificates {
     dir: PathBuf,
     provider: Arc<CryptoProvider>,
     current: RwLock<(Pair, Arc<CertifiedKey>)>,
-    /// The last pair that failed to load, so it is logged once.
-    rejected: RwLock<Option<Pair>>,
+    /// Why the files last failed to load, so one problem is logged once, not at every look.
+    last_problem: RwLock<Option<String>>,
 }
 
 impl Certificates {
@@ -118,7 +118,7 @@ impl Certificates {
             dir: dir.to_path_buf(),
             provider,
             current: RwLock::new((pair, Arc::new(key))),
-            rejected: RwLock::new(None),
+            last_problem: RwLock::new(None),
         }))
     }
 
@@ -132,30 +132,30 @@ impl Certificates {
         match certified(&self.dir, &pair, &self.provider) {
             Ok(key) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = (pair, Arc::new(key));
-                *self.rejected.write().unwrap_or_else(|e| e.into_inner()) = None;
                 Ok(true)
             }
             Err(e) => Err(e),
         }
     }
 
-    /// [`Certificates::reload`], logging what happened: a new pair once, a broken pair once
-    /// per change of the files.
+    /// [`Certificates::reload`], logging what happened: a new pair once, and each problem with
+    /// the files once (until it changes, or a good pair is loaded).
     pub fn reload_and_log(&self) {
-        match self.reload() {
+        let problem = match self.reload() {
             Ok(true) => {
-                tracing::info!(dir = %self.dir.display(), "webhook: new serving certificate loaded; new connections use it")
+                tracing::info!(dir = %self.dir.display(), "webhook: new serving certificate loaded; new connections use it");
+                None
             }
-            Ok(false) => {}
-            Err(e) => {
-                let now = read_pair(&self.dir).ok();
-                let mut rejected = self.rejected.write().unwrap_or_else(|e| e.into_inner());
-                if now.is_none() || *rejected != now {
-                    tracing::warn!(error = %e, "webhook: the changed certificate files do not load; still serving the previous certificate");
-                    *rejected = now;
-                }
-            }
+            Ok(false) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        let mut last = self.last_problem.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &problem
+            && last.as_ref() != Some(why)
+        {
+            tracing::warn!(error = %why, "webhook: the certificate files do not load; still serving the previous certificate");
         }
+        *last = problem;
     }
 
     /// The TLS server config answering every handshake with the current pair (HTTP/1.1).
