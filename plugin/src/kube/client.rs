@@ -87,8 +87,8 @@ impl KubeClient {
     }
 
     /// The ResourceSlices of `driver` on every node (the admission webhook's view of what the
-    /// nodes publish), read in pages of [`SLICE_PAGE`]; at most [`MAX_DRIVER_SLICES`] are kept,
-    /// so a huge cluster costs the webhook bounded memory (the rest is logged as unread).
+    /// nodes publish), read in pages of 200; at most 20,000 are kept, so a huge cluster costs
+    /// the webhook bounded memory (the rest is logged as unread).
     pub async fn list_driver_slices(&self, driver: &str) -> Result<Vec<ResourceSlice>, KubeError> {
         let mut params = ListParams::default()
             .fields(&format!("spec.driver={driver}"))
@@ -116,9 +116,9 @@ impl KubeClient {
 }
 
 /// ResourceSlices asked for in one list call of [`KubeClient::list_driver_slices`].
-pub const SLICE_PAGE: u32 = 200;
+const SLICE_PAGE: u32 = 200;
 /// The most ResourceSlices [`KubeClient::list_driver_slices`] keeps.
-pub const MAX_DRIVER_SLICES: usize = 20_000;
+const MAX_DRIVER_SLICES: usize = 20_000;
 
 fn post_params(dry_run: bool) -> PostParams {
     PostParams {
