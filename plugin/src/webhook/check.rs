@@ -81,7 +81,6 @@ pub fn check(rules: &Rules, namespace: &str, pod: &Pod, capacity: &Capacity) -> 
             ));
         }
     }
-    let mut capacity_checked = false;
     for c in containers {
         let ask = match annotations::container_ask(&rules.prefix, &pod_name, annotations, c) {
             Ok(Some(ask)) => ask,
@@ -90,19 +89,14 @@ pub fn check(rules: &Rules, namespace: &str, pod: &Pod, capacity: &Capacity) -> 
             Err(e) => return Verdict::refuse(e.to_string()),
         };
         let refusal = match capacity {
-            Capacity::Known(nodes) => {
-                capacity_checked = true;
-                against_nodes(&ask, nodes, rules)
-            }
+            Capacity::Known(nodes) => against_nodes(&ask, nodes, rules),
             Capacity::Unknown(_) => against_config(&ask, &rules.pools),
         };
         if let Some(r) = refusal {
             return Verdict::refuse(format!("container {c} of pod {pod_name}: {r}"));
         }
     }
-    if let Capacity::Unknown(why) = capacity
-        && !capacity_checked
-    {
+    if let Capacity::Unknown(why) = capacity {
         warnings.push(format!(
             "nri-accel webhook: the accelerator annotations were checked, but not against the nodes' devices: {why}"
         ));
