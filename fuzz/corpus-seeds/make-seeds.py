@@ -174,3 +174,13 @@ put("checkpoint", "torn-wal", bytes([0x3e, 0x00]) + struct.pack("<H", 0) + wal_e
 hdr = b"NRIACWAL" + struct.pack("<IQ", 2, 1) + bytes([9]) + b"fuzz-boot"
 hdr += struct.pack("<I", zlib.crc32(hdr))
 put("checkpoint", "raw-wal-header", bytes([0x02, 0x00]) + struct.pack("<H", 0) + hdr)
+
+# --- admission_review: AdmissionReview bodies as the API server posts them ---
+put("admission_review", "too-many.json",
+    '{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u1","namespace":"ns",'
+    '"object":{"metadata":{"name":"p","annotations":{"accel.nri.io/container.c":"count=3,family=exclusive"}},'
+    '"spec":{"containers":[{"name":"c"}]}}}}')
+put("admission_review", "shared-two-vendors.json",
+    '{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u2","namespace":"ns",'
+    '"object":{"metadata":{"generateName":"p-","annotations":{"accel.nri.io/container.c":"family=shared,shares=2",'
+    '"accel.nri.io/container.x":"vendor=amd"}},"spec":{"initContainers":[{"name":"i"}],"containers":[{"name":"c"}]}}}}')

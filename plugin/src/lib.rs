@@ -21,3 +21,4 @@ pub mod nodelock;
 pub mod notify;
 pub mod preflight;
 pub mod privileges;
+pub mod webhook;

@@ -63,8 +63,9 @@ async fn every_subcommand_follows_one_rule_for_a_missing_config_file() {
     let missing = dir.path().join("missing.yaml");
     let missing = missing.to_str().unwrap();
     let said = format!("{missing}: no such config file; name a file that exists");
-    let commands: [&[&str]; 8] = [
+    let commands: [&[&str]; 9] = [
         &["run"],
+        &["webhook", "--listen", "127.0.0.1:0"],
         &["check-config"],
         &["discover"],
         &["cleanup"],

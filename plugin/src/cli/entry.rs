@@ -120,28 +120,40 @@ fn main_inner(registry: Registry, demo: Option<(DemoFn, fn())>) -> ExitCode {
     let capture_log = demo
         .map(|(_, capture_log)| capture_log)
         .filter(|_| matches!(cli.command, Command::Demo { .. }) && !filter_asked);
+    // The webhook is a service too: it logs as the config's `log` section says (a config that
+    // does not load is reported by the webhook itself, after this).
+    let webhook_log = match cli.command {
+        Command::Webhook(_) => super::read_config(&cli.config).ok().map(|(c, _)| c.log),
+        _ => None,
+    };
     if let Some(capture_log) = capture_log {
         capture_log();
     } else {
         LogSettings::decide(
             cli.log.as_deref(),
-            daemon_config.as_ref().map(|(c, _)| &c.log),
+            daemon_config
+                .as_ref()
+                .map(|(c, _)| &c.log)
+                .or(webhook_log.as_ref()),
         )
         .install();
     }
 
     let runtime = match cli.command {
-        // The daemon and the demo serve sockets: two workers. The one-shot commands run on the
-        // calling thread, so nothing of theirs is still running when the process exits.
+        // The daemon, the demo and the webhook serve sockets: two workers. The one-shot
+        // commands run on the calling thread, so nothing of theirs is still running when the
+        // process exits.
         // Blocking file work (commits, spec writes) runs on a bounded pool: a burst of callers
         // queues there instead of starting a thread each (200 clients made 372 threads and
         // doubled the RSS; docs/performance.md, "Connection bursts").
-        Command::Run | Command::Demo { .. } => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .max_blocking_threads(MAX_BLOCKING_THREADS)
-            .thread_keep_alive(std::time::Duration::from_secs(2))
-            .enable_all()
-            .build(),
+        Command::Run | Command::Demo { .. } | Command::Webhook(_) => {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .max_blocking_threads(MAX_BLOCKING_THREADS)
+                .thread_keep_alive(std::time::Duration::from_secs(2))
+                .enable_all()
+                .build()
+        }
         _ => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),

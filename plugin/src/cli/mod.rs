@@ -112,6 +112,9 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Serve the validating admission webhook: refuse at pod creation what the node would
+    /// refuse at container creation (docs/webhook.md).
+    Webhook(webhook::WebhookArgs),
 }
 
 mod check_config;
@@ -123,6 +126,7 @@ mod reconcile;
 pub mod run;
 pub mod status;
 mod table;
+pub mod webhook;
 
 use std::process::ExitCode;
 
@@ -232,5 +236,6 @@ pub async fn dispatch(
         Command::Unprepare { uid } => claims::unprepare(&cli.config, uid).await,
         Command::Reconcile { dry_run } => reconcile::run(&cli.config, dry_run, registry).await,
         Command::Cleanup { force } => cleanup::run(&cli.config, force).await,
+        Command::Webhook(args) => webhook::run(&cli.config, args, registry).await,
     }
 }

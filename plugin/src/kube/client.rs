@@ -85,7 +85,40 @@ impl KubeClient {
     fn slices(&self) -> Api<ResourceSlice> {
         Api::all(self.client.clone())
     }
+
+    /// The ResourceSlices of `driver` on every node (the admission webhook's view of what the
+    /// nodes publish), read in pages of 200; at most 20,000 are kept, so a huge cluster costs
+    /// the webhook bounded memory (the rest is logged as unread).
+    pub async fn list_driver_slices(&self, driver: &str) -> Result<Vec<ResourceSlice>, KubeError> {
+        let mut params = ListParams::default()
+            .fields(&format!("spec.driver={driver}"))
+            .limit(SLICE_PAGE);
+        let mut out = Vec::new();
+        loop {
+            let page = self.slices().list(&params).await.map_err(|e| {
+                KubeError::from_kube(format!("the ResourceSlices of driver {driver}"), e)
+            })?;
+            out.extend(page.items);
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() && out.len() < MAX_DRIVER_SLICES => {
+                    params = params.continue_token(&token);
+                }
+                Some(token) if !token.is_empty() => {
+                    tracing::warn!(
+                        "more than {MAX_DRIVER_SLICES} ResourceSlices of driver {driver}: the rest are not read"
+                    );
+                    return Ok(out);
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
 }
+
+/// ResourceSlices asked for in one list call of [`KubeClient::list_driver_slices`].
+const SLICE_PAGE: u32 = 200;
+/// The most ResourceSlices [`KubeClient::list_driver_slices`] keeps.
+const MAX_DRIVER_SLICES: usize = 20_000;
 
 fn post_params(dry_run: bool) -> PostParams {
     PostParams {

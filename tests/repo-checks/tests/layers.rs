@@ -30,12 +30,13 @@ const BASE: [&str; 10] = [
 /// The outer layer, with what each is: the adapters that turn a door's calls into engine calls,
 /// the daemon's startup checks (they know where the checkpoint lives), and the simulated node
 /// the tests and the demo build on.
-const OUTER: [(&str, &str); 7] = [
+const OUTER: [(&str, &str); 8] = [
     ("daemon", "the NRI daemon"),
     ("claims_api", "the claims API"),
     ("kubelet", "the kubelet's DRA and device plugin services"),
     ("kube", "the Kubernetes API side"),
     ("cli", "the command line"),
+    ("webhook", "the validating admission webhook"),
     ("preflight", "the daemon's startup checks"),
     ("fixtures", "the simulated node of the demo and tests"),
 ];

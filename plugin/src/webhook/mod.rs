@@ -1,0 +1,21 @@
+//! The validating admission webhook (`nri-accel webhook`): the annotation path's front door.
+//!
+//! A pod whose accelerator annotations the node would refuse at container creation (malformed,
+//! two vendors, a family no pool has, more devices than any node publishes) is refused when it
+//! is created, with the node's own sentence: the annotations go through the node's parser
+//! ([`crate::daemon::annotations`]) and pool refusals are the policies' [`policies::Refusal`]s.
+//! Everything else, pods without accelerator annotations first, is admitted untouched.
+//!
+//! [`review`] decodes AdmissionReview v1 and writes the answer, [`check`] decides, [`fleet`]
+//! keeps what the nodes publish, [`tls`] the certificate (reloaded when its files change) and
+//! [`server`] the HTTPS server. docs/webhook.md is the operator's side.
+
+pub mod check;
+mod error;
+pub mod fleet;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+pub use error::WebhookError;
+pub use server::{State, WebhookServer, serve};
