@@ -12,13 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"nri-accel/tests/internal/ociimage"
+
+	"nri-accel/tests/internal/suite"
 )
 
 // The Kubernetes versions of a plain run; NRI_ACCEL_CLUSTER_KUBE overrides (comma list).
@@ -39,10 +39,7 @@ var wantGates = []string{
 	"DRAPrioritizedList", "DRAAdminAccess", "DRAExtendedResource",
 }
 
-func testsDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Dir(filepath.Dir(file))
-}
+func testsDir() string { return suite.TestsDir() }
 
 func requireRoot(t *testing.T) {
 	t.Helper()
@@ -52,62 +49,21 @@ func requireRoot(t *testing.T) {
 	}
 }
 
-func kubeVersions() []string {
-	v := os.Getenv("NRI_ACCEL_CLUSTER_KUBE")
-	if v == "" {
-		v = defaultKube
-	}
-	var out []string
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-var (
-	peerMu   sync.Mutex
-	peerBins = map[string]string{}
-)
+func kubeVersions() []string { return suite.List("NRI_ACCEL_CLUSTER_KUBE", defaultKube) }
 
 // buildPeer is the bin dir of peer (a dir under tests/peers), built or found in the cache.
 func buildPeer(t *testing.T, peer string) string {
 	t.Helper()
-	peerMu.Lock()
-	defer peerMu.Unlock()
-	if dir, ok := peerBins[peer]; ok {
-		return dir
-	}
-	cmd := exec.Command("bash", filepath.Join(testsDir(), "peers", "build.sh"), peer)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("building peer %s failed: %v\n%s", peer, err, stderr.String())
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == peer {
-			peerBins[peer] = f[1]
-			return f[1]
-		}
-	}
-	t.Fatalf("build.sh named no bin dir for %s: %q", peer, out)
-	return ""
+	dir, err := suite.BuildPeer(peer)
+	must(t, err)
+	return dir
 }
 
 func accelBin(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv("NRI_ACCEL_BIN")
-	if bin == "" {
-		bin = filepath.Join(testsDir(), "..", "target", "release", "nri-accel")
-	}
-	abs, err := filepath.Abs(bin)
+	bin, err := suite.AccelBin()
 	must(t, err)
-	if _, err := os.Stat(abs); err != nil {
-		t.Fatalf("no nri-accel binary at %s (set NRI_ACCEL_BIN or cargo build --release -p nri-accel): %v", abs, err)
-	}
-	return abs
+	return bin
 }
 
 // Options shape a cluster.
@@ -305,7 +261,7 @@ func (c *Cluster) Teardown() {
 		c.Containerd.Stop(10 * time.Second)
 	}
 	killUnder(c.Dir)
-	unmountUnder(c.Dir)
+	suite.UnmountUnder(c.Dir)
 	if c.Devs != nil {
 		os.RemoveAll(c.Devs.Dir)
 	}

@@ -1,16 +1,16 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"nri-accel/tests/internal/suite"
 )
 
 // process is a program the suite started (containerd, CRI-O or nri-accel): its command and its
@@ -132,28 +132,7 @@ func cleanupRuntime(dir string, runcRoots []string, monitor, owner string) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	unmountUnder(dir)
-}
-
-// unmountUnder detaches every mount at or below dir, deepest first.
-func unmountUnder(dir string) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	var points []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
-			points = append(points, fields[4])
-		}
-	}
-	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
-	for _, p := range points {
-		_ = syscall.Unmount(p, syscall.MNT_DETACH)
-	}
+	suite.UnmountUnder(dir)
 }
 
 // tail answers the last n lines of a file.

@@ -5,16 +5,14 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"nri-accel/tests/internal/suite"
 )
 
 // The containerd versions of a plain run; NRI_ACCEL_E2E_CONTAINERD overrides (comma list).
@@ -51,10 +49,7 @@ func modes(version string) []string {
 }
 
 // testsDir is the tests/ folder (the package runs in tests/e2e).
-func testsDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Dir(filepath.Dir(file))
-}
+func testsDir() string { return suite.TestsDir() }
 
 // requireRoot skips, loudly, when the suite cannot run: real containers need root.
 func requireRoot(t *testing.T) {
@@ -67,26 +62,11 @@ func requireRoot(t *testing.T) {
 
 // versions are the containerd versions this run tests.
 func versions() []string {
-	v := os.Getenv("NRI_ACCEL_E2E_CONTAINERD")
-	if v == "" {
-		v = defaultVersions
+	if os.Getenv("NRI_ACCEL_E2E_CONTAINERD") == "matrix" {
+		return strings.Split(matrixVersions, ",")
 	}
-	if v == "matrix" {
-		v = matrixVersions
-	}
-	var out []string
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
+	return suite.List("NRI_ACCEL_E2E_CONTAINERD", defaultVersions)
 }
-
-var (
-	peerMu   sync.Mutex
-	peerBins = map[string]string{}
-)
 
 // peerBin is the bin dir of containerd `version` (or CRI-O, crio-<version>).
 func peerBin(t *testing.T, version string) string {
@@ -101,44 +81,21 @@ func peerBin(t *testing.T, version string) string {
 // cache) by build.sh, which fails loudly on a missing module or a failed build.
 func buildPeer(t *testing.T, peer string) string {
 	t.Helper()
-	peerMu.Lock()
-	defer peerMu.Unlock()
-	if dir, ok := peerBins[peer]; ok {
-		return dir
-	}
-	cmd := exec.Command("bash", filepath.Join(testsDir(), "peers", "build.sh"), peer)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	dir, err := suite.BuildPeer(peer)
 	if err != nil {
-		t.Fatalf("building peer %s failed: %v\n%s", peer, err, stderr.String())
+		t.Fatal(err)
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == peer {
-			peerBins[peer] = f[1]
-			return f[1]
-		}
-	}
-	t.Fatalf("build.sh named no bin dir for %s: %q", peer, out)
-	return ""
+	return dir
 }
 
 // accelBin is the nri-accel binary under test: NRI_ACCEL_BIN, else the release build.
 func accelBin(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv("NRI_ACCEL_BIN")
-	if bin == "" {
-		bin = filepath.Join(testsDir(), "..", "target", "release", "nri-accel")
-	}
-	abs, err := filepath.Abs(bin)
+	bin, err := suite.AccelBin()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(abs); err != nil {
-		t.Fatalf("no nri-accel binary at %s (set NRI_ACCEL_BIN or run cargo build --release -p nri-accel): %v", abs, err)
-	}
-	return abs
+	return bin
 }
 
 // resultsDir is where a failed test's logs are kept: NRI_ACCEL_E2E_RESULTS, else tests/results.
