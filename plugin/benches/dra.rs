@@ -70,6 +70,7 @@ fn results_claim(uid: &str) -> ClaimSpec {
             device: DEVICE.into(),
             share_id: None,
         }]),
+        env: Default::default(),
     }
 }
 
@@ -179,11 +180,11 @@ async fn bench(dir: &Path, samples: usize) {
     let mut read = Vec::new();
     for i in 0..samples + 10 {
         let t = Instant::now();
-        let results = source.allocation(&reference).await.unwrap();
+        let got = source.allocation(&reference).await.unwrap();
         if i >= 10 {
             read.push(t.elapsed());
         }
-        assert_eq!(results.len(), 1);
+        assert_eq!(got.results.len(), 1);
     }
 
     let p50 = |v: &[Duration]| {

@@ -479,6 +479,7 @@ fn claims_api_spec(uid: &str, device: &str) -> nri_accel::claims_api::ClaimSpec 
             device: format!("gpus-{device}"),
             share_id: None,
         }]),
+        env: Default::default(),
     }
 }
 

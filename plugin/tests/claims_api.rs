@@ -145,6 +145,7 @@ fn dra_claim(uid: &str) -> ClaimSpec {
             device: "gpu-0".into(),
             share_id: None,
         }]),
+        env: Default::default(),
     }
 }
 

@@ -116,6 +116,7 @@ async fn bad_requests_get_clear_errors_and_write_nothing() {
             device: device.into(),
             share_id: None,
         }]),
+        env: Default::default(),
     };
     let answer = client
         .prepare(vec![

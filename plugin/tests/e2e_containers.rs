@@ -49,6 +49,7 @@ fn named(uid: &str, pool: &str, device: &str) -> ClaimSpec {
             device: device.into(),
             share_id: None,
         }]),
+        env: Default::default(),
     }
 }
 

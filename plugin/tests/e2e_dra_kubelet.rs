@@ -100,6 +100,7 @@ async fn registration_gate_restart_refusal_and_shutdown() {
             device: "whole-gpu0".into(),
             share_id: None,
         }]),
+        env: Default::default(),
     };
     let ids = prepare_ok(&claims, spec).await;
     let answer = client.prepare(&[kube_claim("uid-1")]).await.unwrap();

@@ -64,6 +64,7 @@ fn named(uid: &str, results: &[(&str, &str, Option<&str>)]) -> ClaimSpec {
                 })
                 .collect(),
         ),
+        env: Default::default(),
     }
 }
 

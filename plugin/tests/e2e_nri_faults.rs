@@ -324,6 +324,7 @@ fn exclusive_claim(uid: &str, count: u32) -> ClaimSpec {
             profile: None,
             shares: None,
         }]),
+        env: Default::default(),
     }
 }
 

@@ -78,6 +78,50 @@ async fn registration_prepare_repeat_unprepare_v1() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claims_configured_env_reaches_its_requests_devices_even_when_the_spec_is_rewritten() {
+    let rig = Rig::start().await;
+    let (_kubelet, _plugin, client) = rig.kubelet().await;
+    let slice = rig
+        .names_of("gpu3")
+        .into_iter()
+        .find(|p| p.kind == policies::PublishedKind::Slice)
+        .expect("gpu3 publishes slices")
+        .name
+        .clone();
+    let c = rig.allocate("uid-env", "env", &["whole-gpu0", &slice]);
+    rig.configure("env", "req-0", &[("INFERENCE_MODE", "batch")]);
+    // A variable the sliced policy sets itself: its value stays the policy's.
+    rig.configure(
+        "env",
+        "req-1",
+        &[("ACCEL_SLICE_PROFILE", "all-of-it"), ("TIER", "gold")],
+    );
+    let answer = client.prepare(std::slice::from_ref(&c)).await.unwrap();
+    assert!(answer["uid-env"].is_ok(), "{answer:?}");
+    let env = rig.spec_env("uid-env");
+    assert_eq!(env[0], ["INFERENCE_MODE=batch"], "req-0's device: {env:?}");
+    assert!(
+        env[1].contains(&"TIER=gold".to_string()),
+        "req-1's device: {env:?}"
+    );
+    let profiles: Vec<_> = env[1]
+        .iter()
+        .filter(|e| e.starts_with("ACCEL_SLICE_PROFILE="))
+        .collect();
+    assert_eq!(profiles.len(), 1, "{env:?}");
+    assert_ne!(profiles[0], "ACCEL_SLICE_PROFILE=all-of-it", "{env:?}");
+
+    // The spec lost and the API server down: the kubelet's repeat writes it again from the
+    // record, configured env included.
+    std::fs::remove_file(rig.spec_path("uid-env")).unwrap();
+    rig.claims.set_down(true);
+    let again = client.prepare(std::slice::from_ref(&c)).await.unwrap();
+    assert_eq!(again["uid-env"], answer["uid-env"]);
+    assert_eq!(rig.spec_env("uid-env"), env);
+    rig.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_claim_is_answered_without_the_api_server_unless_it_holds_shares() {
     let rig = Rig::start().await;
     let (_kubelet, _plugin, client) = rig.kubelet().await;

@@ -131,6 +131,7 @@ fn claim_spec(uid: &str, rng: &mut Rng) -> ClaimSpec {
             profile: profile.map(str::to_string),
             shares: None,
         }]),
+        env: Default::default(),
     }
 }
 

@@ -396,13 +396,13 @@ func scenarioB(t *testing.T, c *Cluster) {
 	if got := strings.Fields(cpus); len(got) != 2 || got[1] != c.LocalCPU {
 		t.Errorf("cpuset inside %q, want the device's NUMA-local CPU %s", cpus, c.LocalCPU)
 	}
-	// The claim's opaque configuration (env NRI_ACCEL_CLUSTER) in the container: nri-accel parses
-	// it from the allocation and then drops it (kube/claim_source.rs keeps only the results), so
-	// no CDI spec carries it. Reported as a known bug, not failed, until nri-accel passes it on.
+	// The claim's opaque configuration (env NRI_ACCEL_CLUSTER) in the container: nri-accel puts
+	// it in the CDI edits of the request's devices (once dropped; tests/README.md, "Bugs the
+	// real cluster found").
 	t.Run("opaque_config_env", func(t *testing.T) {
 		if !strings.Contains(envOut, "NRI_ACCEL_CLUSTER=one-gpu\n") {
-			t.Skipf("KNOWN BUG: the claim's opaque DeviceConfig env NRI_ACCEL_CLUSTER=one-gpu is not inside "+
-				"(nri-accel drops the parsed config; its CDI spec has no env):\n%s", c.specDump())
+			t.Errorf("the claim's opaque DeviceConfig env NRI_ACCEL_CLUSTER=one-gpu is not inside:\n%s\nspecs:\n%s",
+				envOut, c.specDump())
 		}
 	})
 	// Release it for the next scenarios: the kubelet unprepares the claim.

@@ -44,6 +44,7 @@ fn spread_claim(uid: &str, count: u32) -> ClaimSpec {
             profile: None,
             shares: None,
         }]),
+        env: Default::default(),
     }
 }
 

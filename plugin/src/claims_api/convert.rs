@@ -94,6 +94,7 @@ pub(crate) fn claim_from_proto(claim: pb::Claim, limits: &Limits) -> Result<Clai
         namespace: claim.namespace,
         name: claim.name,
         ask,
+        env: Default::default(),
     })
 }
 
@@ -393,6 +394,7 @@ mod tests {
                 profile: Some("1g.10gb".into()),
                 shares: None,
             }]),
+            env: Default::default(),
         }
     }
 

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::engine::RequestEnv;
+
 /// A claim to prepare: who it is and what it asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimSpec {
@@ -19,6 +21,10 @@ pub struct ClaimSpec {
     pub name: String,
     /// What the claim asks for.
     pub ask: ClaimAsk,
+    /// Environment per request name for the containers using its devices: the claim's opaque
+    /// configuration on the kubelet's path. The claims API's wire form has none (empty).
+    #[serde(default, skip_serializing_if = "RequestEnv::is_empty")]
+    pub env: RequestEnv,
 }
 
 /// What a claim asks for.

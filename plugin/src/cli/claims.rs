@@ -114,6 +114,7 @@ pub async fn prepare(
             profile: args.profile,
             shares: None,
         }]),
+        env: Default::default(),
     };
     let answer = client.prepare(vec![spec]).await?;
     match answer.get(&uid) {

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::Agent;
-use crate::claims_api::{ClaimRef, ClaimService, DraResult};
+use crate::claims_api::{ClaimRef, ClaimService};
 use crate::config::Config;
 use crate::device_health::HealthMonitor;
 use crate::engine::Engine;
 use crate::gate::Gate;
 use crate::kubelet::{
-    ClaimSource, DraDriver, DraDriverConfig, DraService, DraSettings, HealthService, KubeletError,
-    REFRESH, WATCH_EVERY,
+    AllocatedClaim, ClaimSource, DraDriver, DraDriverConfig, DraService, DraSettings,
+    HealthService, KubeletError, REFRESH, WATCH_EVERY,
 };
 
 /// Why the DRA driver could not start.
@@ -36,7 +36,7 @@ pub struct NoApiServer;
 
 #[async_trait]
 impl ClaimSource for NoApiServer {
-    async fn allocation(&self, c: &ClaimRef) -> Result<Vec<DraResult>, String> {
+    async fn allocation(&self, c: &ClaimRef) -> Result<AllocatedClaim, String> {
         Err(format!(
             "claim {}/{}: this nri-accel has no Kubernetes API server client to read the claim's allocation from",
             c.namespace, c.name

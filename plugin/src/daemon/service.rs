@@ -134,7 +134,7 @@ impl ClaimService for ClaimsFacade {
         let engine = self.agent.engine();
         let metrics = &self.metrics;
         let driver_name = self.driver_name.as_str();
-        let work = claims.into_iter().map(|spec| async move {
+        let work = claims.into_iter().map(|mut spec| async move {
             let uid = spec.uid.clone();
             let started = std::time::Instant::now();
             let share_ids = match check_results(engine, driver_name, &spec) {
@@ -145,8 +145,9 @@ impl ClaimService for ClaimsFacade {
                     return (uid, Err(e));
                 }
             };
+            let env = std::mem::take(&mut spec.env);
             let result = engine
-                .prepare_admitted(to_request(spec), || self.admitted())
+                .prepare_admitted(to_request(spec), env, || self.admitted())
                 .await;
             let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Error };
             metrics.record_prepare(outcome, started.elapsed());

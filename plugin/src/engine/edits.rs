@@ -1,5 +1,6 @@
 //! From the policy's container edits to the CDI store's, and the spec store's crash steps.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{CrashHook, CrashPoint, HookAction};
@@ -31,10 +32,23 @@ pub(super) fn spec_crash_point(text: &str) -> CrashPoint {
         .unwrap_or(CrashPoint::AfterSpecTemp)
 }
 
-/// The CDI store's form of one result's container edits.
-pub(super) fn to_cdi(e: &policies::ContainerEdits) -> cdi::DeviceEdits {
+/// The CDI store's form of one result's container edits, plus the environment the claim's
+/// configuration sets for its request. The policy's own variables win over the configuration's:
+/// they carry the limits of a share or a slice, which a claim must not lift.
+pub(super) fn to_cdi(
+    e: &policies::ContainerEdits,
+    configured: Option<&BTreeMap<String, String>>,
+) -> cdi::DeviceEdits {
+    let mut env = e.env.clone();
+    for (name, value) in configured.into_iter().flatten() {
+        if env.iter().any(|(n, _)| n == name) {
+            tracing::warn!(variable = %name, "a claim's configuration sets a variable the policy sets; the policy's value is kept");
+        } else {
+            env.push((name.clone(), value.clone()));
+        }
+    }
     cdi::DeviceEdits {
-        env: e.env.clone(),
+        env,
         device_nodes: e.device_nodes.iter().map(node_to_cdi).collect(),
         mounts: e
             .mounts

@@ -44,7 +44,9 @@ pub use device_plugin::DevicePluginClaim;
 pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, Then};
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
-pub use record::{ClaimRecord, DevicePluginOrigin, DevicePluginUser, Origin, PendingUpdate};
+pub use record::{
+    ClaimRecord, DevicePluginOrigin, DevicePluginUser, Origin, PendingUpdate, RequestEnv,
+};
 pub use tally::TallySnapshot;
 
 /// The checkpoint as the engine uses it.
@@ -317,12 +319,18 @@ impl Engine {
     /// open: a request admitted before the NRI connection was lost must not allocate while
     /// nri-accel does not know the running containers, since one of them may use a device
     /// nothing holds until the next Synchronize adopts it.
+    ///
+    /// `env` is what the claim's configuration sets for the containers using each request's
+    /// devices: it is kept in the record and written into the claim's CDI spec. A repeat of a
+    /// held claim keeps the env of its first prepare (a claim's configuration never changes
+    /// under one UID).
     pub async fn prepare_admitted(
         &self,
         req: ClaimRequest,
+        env: RequestEnv,
         admitted: impl FnOnce() -> bool,
     ) -> Result<Prepared, EngineError> {
-        self.prepare_as_admitted(req, Origin::ClaimsApi, admitted)
+        self.prepare_gated(req, Origin::ClaimsApi, env, admitted)
             .await
     }
 
@@ -335,6 +343,17 @@ impl Engine {
         origin: Origin,
         admitted: impl FnOnce() -> bool,
     ) -> Result<Prepared, EngineError> {
+        self.prepare_gated(req, origin, RequestEnv::new(), admitted)
+            .await
+    }
+
+    async fn prepare_gated(
+        &self,
+        req: ClaimRequest,
+        origin: Origin,
+        env: RequestEnv,
+        admitted: impl FnOnce() -> bool,
+    ) -> Result<Prepared, EngineError> {
         check_uid(&req.uid)?;
         let _claim = self.claims.lock(&req.uid).await;
         if !admitted() {
@@ -344,7 +363,7 @@ impl Engine {
             });
         }
         let ask = req.ask.clone();
-        self.prepare_locked(&req.uid.clone(), origin, Some(ask), |node| {
+        self.prepare_locked(&req.uid.clone(), origin, Some(ask), env, |node| {
             node.allocate(&req)
         })
         .await
@@ -359,9 +378,13 @@ impl Engine {
         check_uid(&req.uid)?;
         let _claim = self.claims.lock(&req.uid).await;
         let ask = req.ask.clone();
-        self.prepare_locked(&req.uid.clone(), origin, Some(ask), |node| {
-            node.allocate(&req)
-        })
+        self.prepare_locked(
+            &req.uid.clone(),
+            origin,
+            Some(ask),
+            RequestEnv::new(),
+            |node| node.allocate(&req),
+        )
         .await
     }
 
@@ -398,7 +421,9 @@ impl Engine {
             container_id: container_id.to_string(),
         };
         let result = self
-            .prepare_locked(&uid, origin, None, |node| node.adopt(&uid, device_id))
+            .prepare_locked(&uid, origin, None, RequestEnv::new(), |node| {
+                node.adopt(&uid, device_id)
+            })
             .await;
         if let Ok(p) = &result
             && !p.already
@@ -414,6 +439,7 @@ impl Engine {
         uid: &str,
         origin: Origin,
         ask: Option<Ask>,
+        env: RequestEnv,
         allocate: impl FnOnce(&mut Node) -> Result<policies::Outcome, policies::Refusal>,
     ) -> Result<Prepared, EngineError> {
         if let Some(asked) = &ask
@@ -447,6 +473,7 @@ impl Engine {
             allocation: outcome.allocation.clone(),
             origin: origin.clone(),
             ask: ask::to_keep(ask, &outcome.allocation),
+            env,
         };
         let committed = self
             .commit_with_updates(
@@ -491,11 +518,17 @@ impl Engine {
         committed: Option<u64>,
     ) -> Result<Prepared, EngineError> {
         let already = committed.is_none();
+        let env = self.journal.record(uid).map(|r| r.env).unwrap_or_default();
         let edits = self
             .state()
             .node
             .edits(uid)
-            .map(|e| e.iter().map(edits::to_cdi).collect::<Vec<_>>())
+            .map(|e| {
+                e.iter()
+                    .zip(&allocation.results)
+                    .map(|(e, g)| edits::to_cdi(e, env.get(&g.request)))
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default();
         let stamp = cdi::Stamp {
             seq: committed

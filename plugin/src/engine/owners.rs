@@ -55,6 +55,7 @@ impl Engine {
             allocation: record.allocation,
             origin: origin.clone(),
             ask: record.ask,
+            env: record.env,
         };
         let seq = self
             .commit(uid, vec![Change::PutRecord(uid.to_string(), record)])

@@ -1,5 +1,6 @@
 //! What the checkpoint holds per claim and per container.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use policies::{Allocation, Ask, ContainerUpdate};
@@ -19,7 +20,16 @@ pub struct ClaimRecord {
     /// a restart too (`None` for adopted claims and records written before asks were kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ask: Option<Ask>,
+    /// Environment the claim's configuration sets for the containers using each request's
+    /// devices; kept so the claim's CDI spec can be written again with it after a restart.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: RequestEnv,
 }
+
+/// Environment variables per request name of a claim (name -> value), from the opaque
+/// configuration of its ResourceClaim and DeviceClass (docs/dra.md, "Opaque configuration").
+/// The variables of a request go into the CDI edits of every device allocated for it.
+pub type RequestEnv = BTreeMap<String, BTreeMap<String, String>>;
 
 /// Where a claim came from; decides who may release it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,5 +114,46 @@ impl PendingUpdate {
             cpus: self.cpus.clone(),
             mems: self.mems.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(env: RequestEnv) -> ClaimRecord {
+        ClaimRecord {
+            allocation: Arc::new(Allocation {
+                claim_uid: "u1".into(),
+                namespace: "ns".into(),
+                name: "c".into(),
+                results: Vec::new(),
+                cpus: Default::default(),
+            }),
+            origin: Origin::ClaimsApi,
+            ask: None,
+            env,
+        }
+    }
+
+    #[test]
+    fn a_claims_env_is_kept_and_a_record_without_one_reads_as_before() {
+        let env = RequestEnv::from([(
+            "gpu".to_string(),
+            BTreeMap::from([("MODE".to_string(), "batch".to_string())]),
+        )]);
+        let kept = record(env);
+        let text = serde_json::to_string(&kept).unwrap();
+        assert_eq!(serde_json::from_str::<ClaimRecord>(&text).unwrap(), kept);
+        // Records without env (older daemons wrote none) read as empty, and an empty env is not
+        // written, so an older daemon still reads what this one writes for such claims.
+        let plain = serde_json::to_string(&record(RequestEnv::new())).unwrap();
+        assert!(!plain.contains("\"env\""), "{plain}");
+        assert!(
+            serde_json::from_str::<ClaimRecord>(&plain)
+                .unwrap()
+                .env
+                .is_empty()
+        );
     }
 }

@@ -7,13 +7,14 @@ use async_trait::async_trait;
 
 use super::claims::{allocation_for, check_claim_name};
 use super::{KubeApi, KubeError};
-use crate::claims_api::{ClaimRef, DraResult};
-use crate::kubelet::ClaimSource;
+use crate::claims_api::ClaimRef;
+use crate::kubelet::{AllocatedClaim, ClaimSource};
 
 /// The API server as the DRA service's [`ClaimSource`]: fetches the ResourceClaim the kubelet
 /// names, refuses it when its UID is not the one asked for (deleted and recreated), when it is
 /// not allocated, or when this driver's results are on another pool or its opaque configuration
-/// does not parse; other drivers' results and configuration are theirs and skipped.
+/// does not parse; other drivers' results and configuration are theirs and skipped. The
+/// configuration's env reaches the engine with the results, per request.
 pub struct ApiServerClaims {
     api: Arc<dyn KubeApi>,
     driver: String,
@@ -33,7 +34,7 @@ impl ApiServerClaims {
 
 #[async_trait]
 impl ClaimSource for ApiServerClaims {
-    async fn allocation(&self, c: &ClaimRef) -> Result<Vec<DraResult>, String> {
+    async fn allocation(&self, c: &ClaimRef) -> Result<AllocatedClaim, String> {
         check_claim_name(&c.namespace, &c.name).map_err(|e| e.to_string())?;
         let claim = self
             .api
@@ -51,7 +52,10 @@ impl ClaimSource for ApiServerClaims {
                 e => format!("claim {}/{}: {e}", c.namespace, c.name),
             })?;
         allocation_for(&claim, &c.uid, &self.driver, &self.pool)
-            .map(|a| a.results)
+            .map(|a| AllocatedClaim {
+                env: a.env(),
+                results: a.results,
+            })
             .map_err(|e| e.to_string())
     }
 }

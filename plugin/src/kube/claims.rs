@@ -6,12 +6,15 @@
 //! path (after [`ClaimAllocation::engine_results`] names each device's policy pool). Every
 //! refusal is one sentence naming the claim, answered for that claim alone.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use policies::PublishedDevice;
 use serde::Serialize;
 
 use super::opaque::{DeviceConfig, OpaqueError};
 use crate::claims_api::DraResult;
+use crate::engine::RequestEnv;
 use crate::names::{is_dns_label, is_dns_subdomain};
 
 /// Most allocation results a claim may hold (the API's limit).
@@ -263,6 +266,32 @@ pub fn allocation_for(
 }
 
 impl ClaimAllocation {
+    /// The environment each request's containers get from the configuration: every
+    /// configuration naming the request (or no request, or the parent of a subrequest
+    /// `parent/sub`) applies, class ones first, so the claim's own values win.
+    pub fn env(&self) -> RequestEnv {
+        let mut env = RequestEnv::new();
+        for r in &self.results {
+            let parent = r.request.split_once('/').map(|(p, _)| p);
+            let applies = |c: &&ClaimConfig| {
+                c.requests.is_empty()
+                    || c.requests
+                        .iter()
+                        .any(|q| *q == r.request || Some(q.as_str()) == parent)
+            };
+            let vars: BTreeMap<String, String> = self
+                .config
+                .iter()
+                .filter(applies)
+                .flat_map(|c| c.config.env.clone())
+                .collect();
+            if !vars.is_empty() {
+                env.insert(r.request.clone(), vars);
+            }
+        }
+        env
+    }
+
     /// The results as the engine's results path takes them: the pool of each is the policy pool
     /// that publishes the device (DRA names one pool per node; the engine has one per family).
     /// A device no pool publishes is refused, naming `claim` (`namespace/name`).
@@ -376,6 +405,46 @@ mod tests {
         let e = allocation_for(&c, "u1", "accel.nri.io", "n1").unwrap_err();
         assert!(matches!(e, ClaimError::Config { .. }));
         assert!(e.to_string().starts_with("claim ns/c:"), "{e}");
+    }
+
+    #[test]
+    fn env_goes_to_the_requests_a_config_names_and_the_claim_wins() {
+        let opaque = |env: serde_json::Value| {
+            json!({"driver": "accel.nri.io", "parameters":
+                {"apiVersion": "accel.nri.io/v1alpha1", "kind": "DeviceConfig", "env": env}})
+        };
+        let cfg = json!([
+            {"source": "FromClaim", "requests": ["gpu"], "opaque": opaque(json!({"MODE": "claim"}))},
+            {"source": "FromClass", "opaque": opaque(json!({"MODE": "class", "TIER": "gold"}))},
+            {"source": "FromClaim", "requests": ["nic"], "opaque": opaque(json!({"NIC": "1"}))},
+            {"source": "FromClaim", "requests": ["mig"], "opaque": opaque(json!({"SUB": "1"}))}
+        ]);
+        let mut sub = result("accel.nri.io", "n1", "gpus-1");
+        sub["request"] = json!("mig/small");
+        let c = claim(json!([result("accel.nri.io", "n1", "gpus-0"), sub]), cfg);
+        let env = allocation_for(&c, "u1", "accel.nri.io", "n1")
+            .unwrap()
+            .env();
+        let vars = |r: &str| {
+            env[r]
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(vars("gpu"), ["MODE=claim", "TIER=gold"]);
+        assert_eq!(vars("mig/small"), ["MODE=class", "SUB=1", "TIER=gold"]);
+        assert_eq!(
+            env.len(),
+            2,
+            "no entry for a request without results: {env:?}"
+        );
+        let c = claim(json!([result("accel.nri.io", "n1", "gpus-0")]), json!([]));
+        assert!(
+            allocation_for(&c, "u1", "accel.nri.io", "n1")
+                .unwrap()
+                .env()
+                .is_empty()
+        );
     }
 
     #[test]

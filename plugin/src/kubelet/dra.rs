@@ -24,7 +24,7 @@ use kubelet_proto::dra_v1beta1 as v1beta1;
 use crate::claims_api::{
     ClaimAsk, ClaimRef, ClaimService, ClaimSpec, DraResult, PreparedDevice, check_uid,
 };
-use crate::engine::Engine;
+use crate::engine::{Engine, RequestEnv};
 use crate::gate::Gate;
 
 /// Most claims one call may name (a pod's claims; the kubelet sends one pod's at a time).
@@ -45,7 +45,17 @@ pub trait ClaimSource: Send + Sync + 'static {
     /// (`pool` is the DRA pool, `device` the published device name, `share_id` set on a shared
     /// device), or one sentence naming the claim that says why it cannot be prepared: not found,
     /// another UID, not allocated, the API server unreachable.
-    async fn allocation(&self, claim: &ClaimRef) -> Result<Vec<DraResult>, String>;
+    async fn allocation(&self, claim: &ClaimRef) -> Result<AllocatedClaim, String>;
+}
+
+/// A claim's allocation for this driver as a [`ClaimSource`] reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllocatedClaim {
+    /// The allocation results for this driver, in the claim's order.
+    pub results: Vec<DraResult>,
+    /// What the claim's opaque configuration sets in the environment of the containers using
+    /// each request's devices (empty without configuration).
+    pub env: RequestEnv,
 }
 
 /// Who this DRA driver is on this node.
@@ -274,12 +284,15 @@ impl Inner {
                     SOURCE_TIMEOUT.as_secs()
                 ))
             });
-        let results = match read {
-            Ok(results) => results,
+        let read = match read {
+            Ok(read) => read,
             // Held meanwhile (a concurrent call prepared it): answered from the record.
             Err(e) => return self.held(c).map(|(spec, _)| spec).ok_or(e),
         };
-        Ok(spec(c, self.engine_results(c, &results)?))
+        Ok(ClaimSpec {
+            env: read.env.clone(),
+            ..spec(c, self.engine_results(c, &read.results)?)
+        })
     }
 
     /// The claim as the engine holds it, if it does, and whether it holds a share of a shared
@@ -379,6 +392,7 @@ fn spec(c: &ClaimRef, results: Vec<DraResult>) -> ClaimSpec {
         namespace: c.namespace.clone(),
         name: c.name.clone(),
         ask: ClaimAsk::Results(results),
+        env: RequestEnv::new(),
     }
 }
 

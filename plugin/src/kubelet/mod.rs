@@ -20,8 +20,8 @@ mod socket;
 pub use channel::dial;
 pub use conn::ConnLimits;
 pub use dra::{
-    ClaimSource, DraCallError, DraService, DraSettings, DraV1, DraV1beta1, MAX_CLAIMS,
-    MAX_MESSAGE_BYTES, MAX_RESULTS, PreparedClaims, SOURCE_TIMEOUT, UnpreparedClaims,
+    AllocatedClaim, ClaimSource, DraCallError, DraService, DraSettings, DraV1, DraV1beta1,
+    MAX_CLAIMS, MAX_MESSAGE_BYTES, MAX_RESULTS, PreparedClaims, SOURCE_TIMEOUT, UnpreparedClaims,
 };
 pub use driver::{DraDriver, DraDriverConfig, DraDriverStatus, WATCH_EVERY};
 pub use error::KubeletError;

@@ -18,10 +18,10 @@ use nri_accel::checkpoint::Checkpoint;
 use nri_accel::claims_api::{ClaimRef, DraResult};
 use nri_accel::daemon::{Agent, AgentSettings, ClaimsFacade};
 use nri_accel::device_health::{DeviceHealth, HealthMonitor, HealthReport};
-use nri_accel::engine::Engine;
+use nri_accel::engine::{Engine, RequestEnv};
 use nri_accel::gate::Gate;
 use nri_accel::kubelet::{
-    ClaimSource, DraDriver, DraDriverConfig, DraService, DraSettings, HealthService,
+    AllocatedClaim, ClaimSource, DraDriver, DraDriverConfig, DraService, DraSettings, HealthService,
 };
 use nri_accel::metrics::Metrics;
 use policies::{Node, PublishedDevice, PublishedKind, Registry};
@@ -39,6 +39,8 @@ pub struct StoredClaim {
     pub uid: String,
     /// `None`: not allocated yet.
     pub results: Option<Vec<DraResult>>,
+    /// What the claim's opaque configuration sets, per request.
+    pub env: RequestEnv,
 }
 
 /// The API server's ResourceClaims as the DRA service reads them: keyed by namespace/name,
@@ -85,7 +87,7 @@ impl FakeClaims {
 
 #[async_trait]
 impl ClaimSource for FakeClaims {
-    async fn allocation(&self, c: &ClaimRef) -> Result<Vec<DraResult>, String> {
+    async fn allocation(&self, c: &ClaimRef) -> Result<AllocatedClaim, String> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         let stall = self.stall.lock().unwrap().clone();
         if let Some(s) = stall {
@@ -112,9 +114,13 @@ impl ClaimSource for FakeClaims {
                 c.namespace, c.name, stored.uid, c.uid
             ));
         }
-        stored
+        let results = stored
             .results
-            .ok_or_else(|| format!("claim {}/{} is not allocated", c.namespace, c.name))
+            .ok_or_else(|| format!("claim {}/{} is not allocated", c.namespace, c.name))?;
+        Ok(AllocatedClaim {
+            results,
+            env: stored.env,
+        })
     }
 }
 
@@ -271,9 +277,24 @@ impl Rig {
             StoredClaim {
                 uid: uid.into(),
                 results,
+                env: RequestEnv::new(),
             },
         );
         claim(uid, name)
+    }
+
+    /// Gives stored claim `name` the env its opaque configuration sets for `request`.
+    pub fn configure(&self, name: &str, request: &str, env: &[(&str, &str)]) {
+        let mut claims = self.claims.claims.lock().unwrap();
+        let stored = claims
+            .get_mut(&("default".to_string(), name.to_string()))
+            .unwrap_or_else(|| panic!("claim {name} is not stored"));
+        stored.env.insert(
+            request.into(),
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
     }
 
     /// Makes a device unhealthy (or healthy again) in the health monitor's report.
@@ -292,18 +313,48 @@ impl Rig {
         });
     }
 
-    /// Claim UIDs with a spec file.
-    pub fn spec_uids(&self) -> Vec<String> {
-        let store = cdi::SpecStore::open(cdi::StoreConfig {
+    fn spec_store(&self) -> cdi::SpecStore {
+        cdi::SpecStore::open(cdi::StoreConfig {
             dir: self.cdi_dir.clone(),
             vendor: "accel.nri.io".into(),
             class: "device".into(),
             format: cdi::SpecFormat::Yaml,
         })
-        .unwrap();
-        let mut v = store.list().unwrap();
+        .unwrap()
+    }
+
+    /// Claim UIDs with a spec file.
+    pub fn spec_uids(&self) -> Vec<String> {
+        let mut v = self.spec_store().list().unwrap();
         v.sort();
         v
+    }
+
+    /// Where claim `uid`'s spec file is.
+    pub fn spec_path(&self, uid: &str) -> PathBuf {
+        self.spec_store().spec_path(uid).unwrap()
+    }
+
+    /// The env of each device of claim `uid`'s spec, as the official CDI crate reads the file.
+    pub fn spec_env(&self, uid: &str) -> Vec<Vec<String>> {
+        let spec = container_device_interface::spec::read_spec(&self.spec_path(uid), 10)
+            .unwrap_or_else(|e| panic!("the official parser refuses the spec of {uid}: {e:#}"));
+        let json = serde_json::to_value(&spec.cdi_spec).unwrap();
+        json["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                d["containerEdits"]["env"]
+                    .as_array()
+                    .map(|env| {
+                        env.iter()
+                            .map(|e| e.as_str().unwrap().to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     /// Claim UIDs the engine holds.

@@ -285,6 +285,7 @@ pub fn count_spec(uid: &str, family: Family) -> ClaimSpec {
             profile: None,
             shares: None,
         }]),
+        env: Default::default(),
     }
 }
 

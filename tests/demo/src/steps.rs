@@ -361,6 +361,7 @@ pub async fn run(keep: bool, registry: &policies::Registry) -> anyhow::Result<Ex
             device: held.device.clone(),
             share_id: None,
         }]),
+        env: Default::default(),
     };
     story.expect_log(&["claim not prepared", "claim=claim-next"]);
     match client.prepare(vec![early.clone()]).await?.get("claim-next") {
