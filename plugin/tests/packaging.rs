@@ -229,6 +229,28 @@ fn the_stock_package_ships_the_daemon_binary_alone() {
 }
 
 #[test]
+fn the_stock_package_ships_the_dashboard_and_the_alert_rules() {
+    let shipped = stock_package();
+    for (source, dest) in [
+        (
+            "packaging/grafana/nri-accel.json",
+            "usr/share/doc/nri-accel/examples/grafana/nri-accel.json",
+        ),
+        (
+            "packaging/prometheus/nri-accel-rules.yaml",
+            "usr/share/doc/nri-accel/examples/prometheus/nri-accel-rules.yaml",
+        ),
+    ] {
+        let source = repo().join(source);
+        assert!(
+            shipped.iter().any(|(s, d)| *s == source && d == dest),
+            "the .deb does not install {} at /{dest}",
+            source.display()
+        );
+    }
+}
+
+#[test]
 fn the_short_description_is_one_line_of_a_package_list() {
     for (name, _, package) in deb_packages() {
         let short = package["description"].as_str().unwrap_or_default();
