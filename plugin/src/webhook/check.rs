@@ -81,6 +81,7 @@ pub fn check(rules: &Rules, namespace: &str, pod: &Pod, capacity: &Capacity) -> 
             ));
         }
     }
+    let mut asks = Vec::new();
     for c in containers {
         let ask = match annotations::container_ask(&rules.prefix, &pod_name, annotations, c) {
             Ok(Some(ask)) => ask,
@@ -95,6 +96,18 @@ pub fn check(rules: &Rules, namespace: &str, pod: &Pod, capacity: &Capacity) -> 
         if let Some(r) = refusal {
             return Verdict::refuse(format!("container {c} of pod {pod_name}: {r}"));
         }
+        asks.push((c, ask));
+    }
+    if let Capacity::Known(nodes) = capacity
+        && asks.len() > 1
+        && let Some((at, r)) = pod_against_nodes(&asks, nodes, rules)
+    {
+        let before: Vec<&str> = asks[..at].iter().map(|(c, _)| *c).collect();
+        return Verdict::refuse(format!(
+            "container {} of pod {pod_name}: {r}; no node has enough for it beside the pod's containers before it ({}), which hold their devices until the pod is deleted",
+            asks[at].0,
+            before.join(", ")
+        ));
     }
     if let Capacity::Unknown(why) = capacity {
         warnings.push(format!(
@@ -138,6 +151,32 @@ fn against_nodes(
     best.map(|(_, r)| r)
 }
 
+/// With the nodes' devices, the pod as a whole: its containers' asks allocated one after the
+/// other on one node, as the node would grant them at creation (init containers first; a
+/// container's claim lives until the container is removed, which for a pod's containers is when
+/// the pod goes). `None` when some node serves them all, or cannot be modelled; otherwise the
+/// index of the first container refused on the node that served the most, and its refusal.
+fn pod_against_nodes(
+    asks: &[(&str, ContainerAsk)],
+    nodes: &BTreeMap<String, Vec<Published>>,
+    rules: &Rules,
+) -> Option<(usize, Refusal)> {
+    let mut best: Option<(usize, Refusal)> = None;
+    for devices in nodes.values() {
+        let mut node = model(devices, rules)?;
+        let refused = asks.iter().enumerate().find_map(|(i, (_, ask))| {
+            node.allocate(&ask.to_claim(format!("{CLAIM}-{i}"), "", ""))
+                .err()
+                .map(|r| (i, Refusal::new(CLAIM, None, r.reason)))
+        });
+        let (at, r) = refused?;
+        if best.as_ref().is_none_or(|(b, _)| at > *b) {
+            best = Some((at, r));
+        }
+    }
+    best
+}
+
 /// How near a refusal came to a grant, to pick the most telling node's: a request that fits
 /// a pool but asks too much (the more the pool has, the nearer) > a pool of another family >
 /// nothing matching.
@@ -151,12 +190,19 @@ fn rank(reason: &RefusalReason) -> (u8, u32) {
 }
 
 /// What one node answers the ask with all its devices free, decided by the node's own
-/// allocator: a `policies::Node` over the devices the node publishes, in the pools it publishes
-/// them in, with the config's family parameters. `None`: it serves the ask, or it cannot be
-/// modelled (a pool the config does not have, a policy this build lacks), and is given the
+/// allocator ([`model`]). `None`: it serves the ask, or it cannot be modelled, and is given the
 /// benefit of the doubt. The pools' accelerator-local CPUs are left out: what CPUs are free is
 /// the node's business at creation time.
 fn on_node(ask: &ContainerAsk, devices: &[Published], rules: &Rules) -> Option<Refusal> {
+    let mut node = model(devices, rules)?;
+    node.allocate(&ask.to_claim(CLAIM.to_string(), "", ""))
+        .err()
+}
+
+/// A node as its allocator sees it with every device free: the devices it publishes, in the
+/// pools it publishes them in, with the config's family parameters. `None` when it cannot be
+/// modelled (a pool the config does not have, a policy this build lacks).
+fn model(devices: &[Published], rules: &Rules) -> Option<Node> {
     let mut members: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for p in devices {
         members
@@ -185,9 +231,7 @@ fn on_node(ask: &ContainerAsk, devices: &[Published], rules: &Rules) -> Option<R
         devices: devices.iter().map(|p| p.device.clone()).collect(),
         cpus: Default::default(),
     };
-    let mut node = Node::new(inventory, &pools, &rules.registry).ok()?;
-    node.allocate(&ask.to_claim(CLAIM.to_string(), "", ""))
-        .err()
+    Node::new(inventory, &pools, &rules.registry).ok()
 }
 
 #[cfg(test)]

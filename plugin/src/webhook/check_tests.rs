@@ -309,3 +309,57 @@ fn the_refusals_are_the_ones_the_node_gives_for_what_it_publishes() {
         assert!(check(&rules, "ns", &p, &capacity).allowed, "{value}");
     }
 }
+
+#[test]
+fn a_pod_whose_containers_together_ask_more_than_any_node_has_is_refused() {
+    let capacity = known(&[
+        ("n1", node_with(2, "gpus", "exclusive")),
+        ("n2", node_with(1, "gpus", "exclusive")),
+    ]);
+    // Each fits alone, and together on n1: admitted.
+    let two = pod(
+        &[
+            ("accel.nri.io/container.a", "count=1"),
+            ("accel.nri.io/container.b", "count=1"),
+        ],
+        &["a", "b"],
+    );
+    assert!(check(&rules(), "ns", &two, &capacity).allowed);
+    // Three containers of one device each: the third has no device on n1, the second none on
+    // n2; the node that got furthest is named.
+    let mut three = two.clone();
+    three
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("accel.nri.io/container.c".into(), "count=1".into());
+    three.spec.containers.push(Container { name: "c".into() });
+    let v = check(&rules(), "ns", &three, &capacity);
+    assert!(!v.allowed);
+    let message = v.message.unwrap();
+    assert!(
+        message.starts_with("container c of pod ns/p: claim ctr-<container id> refused:"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("before it (a, b), which hold their devices until the pod is deleted"),
+        "{message}"
+    );
+    // An init container's device counts too: it is held until the pod goes.
+    let mut init = two.clone();
+    init.spec.containers.retain(|c| c.name == "b");
+    init.spec
+        .init_containers
+        .push(Container { name: "a".into() });
+    *init
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .get_mut("accel.nri.io/container.b")
+        .unwrap() = "count=2".into();
+    let v = check(&rules(), "ns", &init, &capacity);
+    assert!(!v.allowed, "init a (1) then b (2) on nodes of at most 2");
+    assert!(v.message.unwrap().contains("container b of pod ns/p"));
+}

@@ -47,7 +47,7 @@ pub struct Request {
 }
 
 /// The parts of a pod the check reads.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Pod {
     /// Name, namespace, annotations.
@@ -59,7 +59,7 @@ pub struct Pod {
 }
 
 /// A pod's metadata, as far as the check reads it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodMeta {
     /// The pod's name; may be empty when `generateName` is used.
@@ -77,7 +77,7 @@ pub struct PodMeta {
 }
 
 /// A pod's spec, as far as the check reads it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
     /// The app containers.
@@ -89,7 +89,7 @@ pub struct PodSpec {
 }
 
 /// A container: its name is what the annotation key names.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Container {
     /// The container's name.
     pub name: String,
