@@ -20,6 +20,9 @@ export RUSTC_BOOTSTRAP=1
 # which is what CI wants for its short runs; long runs should use the default (optimized) build.
 dev=()
 [ "${FUZZ_DEV:-0}" = 1 ] && dev=(--dev)
+# FUZZ_TARGET_DIR: where the sanitized build goes (default fuzz/target); CI keeps it outside the
+# checkout so a second run reuses it.
+[ -n "${FUZZ_TARGET_DIR:-}" ] && dev+=(--target-dir "$FUZZ_TARGET_DIR")
 
 start=$(date +%s)
 cargo fuzz build "${dev[@]}"
