@@ -225,6 +225,7 @@ func (c *Cluster) kubectlErr(args ...string) (string, error) {
 
 // kubectlIn runs kubectl with stdin.
 func (c *Cluster) kubectlIn(stdin string, args ...string) (string, error) {
+	recordRun(append([]string{"kubectl"}, args...)...)
 	cmd := exec.Command(filepath.Join(c.KubeBin, "kubectl"), append([]string{"--kubeconfig", c.Admin, "--request-timeout=30s"}, args...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

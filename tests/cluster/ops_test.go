@@ -57,6 +57,7 @@ func (c *Cluster) helm(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	bin := filepath.Join(buildPeer(t, helmPeer), "helm")
 	tmp := t.TempDir()
+	recordRun(append([]string{"helm"}, args...)...)
 	cmd := exec.Command(bin, append(args, "--kubeconfig", c.Admin)...)
 	// helm keeps caches and config under $HOME; keep them out of the machine's.
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+tmp, "HELM_CONFIG_HOME="+tmp, "HELM_DATA_HOME="+tmp)
