@@ -4,6 +4,8 @@
 # nri-accel's release binary unless NRI_ACCEL_BIN names one, then:
 #   cluster.sh test [go test flags]   the scenarios on each version of NRI_ACCEL_CLUSTER_KUBE
 #                                      (default v1.34.4,v1.37.2), e.g. -run 'TestCluster/v1.34.4'
+#   NRI_ACCEL_CLUSTER_BENCH=1 cluster.sh test -run TestClusterBench
+#                                      the benchmark of a DRA pod's start (skipped otherwise)
 #   cluster.sh up                      one cluster (the first version) kept up until Ctrl-C;
 #                                      it prints the env file that points kubectl at it
 # Needs root. Only one real-runtime suite may run at a time on a machine (containerd instances

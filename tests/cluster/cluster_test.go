@@ -37,6 +37,9 @@ const nodeName = "nri-accel-node"
 var wantGates = []string{
 	"DRAPartitionableDevices", "DRAConsumableCapacity", "DRADeviceTaints", "DRAResourceClaimDeviceStatus",
 	"DRAPrioritizedList", "DRAAdminAccess", "DRAExtendedResource",
+	// Device health in the pod's status (KEP-4680): alpha on 1.34, beta and on by default from
+	// 1.36, the health message beside it from 1.37 (scenario f).
+	"ResourceHealthStatus", "ResourceHealthStatusMessage",
 }
 
 func testsDir() string { return suite.TestsDir() }
@@ -74,6 +77,12 @@ type Options struct {
 	NoDRA bool
 	// WholeDevices is how many devices pool whole has (default 1).
 	WholeDevices int
+	// HealthCheckSecs is nri-accel's discovery.health_check_secs (0: its default, 10 s).
+	HealthCheckSecs int
+	// NoExclusiveCPUs sets cpus_per_device 0 on pool whole (default 1). The policy always keeps
+	// one CPU shared, so on a 2-CPU machine a second whole device with its own CPU cannot be
+	// held while the first is.
+	NoExclusiveCPUs bool
 }
 
 // Cluster is one single-node cluster under Dir.
@@ -91,11 +100,13 @@ type Cluster struct {
 
 	CRISocket  string
 	KubeletDir string
-	Devs       *fakeDevices
-	AccelDir   string
-	AccelCfg   string
-	CDIDir     string
-	LocalCPU   string
+	// KubeletPort is the kubelet's HTTPS port on 127.0.0.1 (/metrics; x509 clients of the CA).
+	KubeletPort int
+	Devs        *fakeDevices
+	AccelDir    string
+	AccelCfg    string
+	CDIDir      string
+	LocalCPU    string
 	// running and pending are the pods scenario c leaves for d.
 	running, pending string
 	// madeVarLibKubelet: /var/lib/kubelet did not exist before (the kubelet's device plugin dir

@@ -116,6 +116,7 @@ func (c *Cluster) startKubelet(t *testing.T) {
 	if gateYAML.Len() == 0 {
 		gateYAML.WriteString(" {}")
 	}
+	c.KubeletPort = freePort(t)
 	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
@@ -144,7 +145,7 @@ syncFrequency: 10s
 fileCheckFrequency: 10s
 resolvConf: /etc/resolv.conf
 featureGates:%s
-`, freePort(t), srvCert, srvKey, c.pki.CA, c.CRISocket, filepath.Join(c.Dir, "pod-logs"), gateYAML.String())
+`, c.KubeletPort, srvCert, srvKey, c.pki.CA, c.CRISocket, filepath.Join(c.Dir, "pod-logs"), gateYAML.String())
 	cfgPath := filepath.Join(c.Dir, "kubelet.yaml")
 	must(t, os.WriteFile(cfgPath, []byte(cfg), 0o644))
 
@@ -197,17 +198,29 @@ func mkDevices(t *testing.T, n int) *fakeDevices {
 	}
 	dir, err := os.MkdirTemp("/dev", "nri-accel-cluster-")
 	must(t, err)
+	d := &fakeDevices{Dir: dir, Major: major, N: n}
 	for i := 0; i < n; i++ {
-		minor := uint32(i)
-		dev := uint64(minor&0xff) | uint64(major&0xfff)<<8 | uint64(minor&^0xff)<<12 | uint64(major&^0xfff)<<32
-		path := filepath.Join(dir, fmt.Sprintf("accel%d", i))
-		must(t, syscall.Mknod(path, syscall.S_IFCHR|0o666, int(dev)))
-		must(t, os.Chmod(path, 0o666))
+		must(t, d.Restore(i))
 	}
-	return &fakeDevices{Dir: dir, Major: major, N: n}
+	return d
 }
 
 func (d *fakeDevices) Path(i int) string { return filepath.Join(d.Dir, fmt.Sprintf("accel%d", i)) }
+
+// Remove deletes the node of device i: nri-accel's next health check finds the device node gone
+// and condemns the device (the test hook of docs/kubernetes.md, "Exercising device health").
+func (d *fakeDevices) Remove(i int) error { return os.Remove(d.Path(i)) }
+
+// Restore makes the node of device i (again), as mkDevices made it: the device turns healthy at
+// nri-accel's next check.
+func (d *fakeDevices) Restore(i int) error {
+	minor := uint32(i)
+	dev := uint64(minor&0xff) | uint64(d.Major&0xfff)<<8 | uint64(minor&^0xff)<<12 | uint64(d.Major&^0xfff)<<32
+	if err := syscall.Mknod(d.Path(i), syscall.S_IFCHR|0o666, int(dev)); err != nil {
+		return err
+	}
+	return os.Chmod(d.Path(i), 0o666)
+}
 
 // startAccel applies packaging/kubernetes (rbac.yaml and deviceclasses.yaml as shipped), gives
 // nri-accel's service account a token bound to the node (so the shipped admission policy lets
@@ -251,7 +264,11 @@ func (c *Cluster) startAccel(t *testing.T) {
 	if c.Opts.DevicePlugin {
 		fmt.Fprintf(&b, "device_plugin:\n  enabled: true\n  dir: %s\n", filepath.Join(c.KubeletDir, "device-plugins"))
 	}
-	fmt.Fprintf(&b, "discovery:\n  sysfs: false\n  cpus: %q\n  static_devices:\n", c.CPUs)
+	fmt.Fprintf(&b, "discovery:\n  sysfs: false\n  cpus: %q\n", c.CPUs)
+	if c.Opts.HealthCheckSecs > 0 {
+		fmt.Fprintf(&b, "  health_check_secs: %d\n", c.Opts.HealthCheckSecs)
+	}
+	b.WriteString("  static_devices:\n")
 	dev := func(i int, id string) {
 		fmt.Fprintf(&b, "    - id: %s\n      vendor: e2e\n      model: fake\n      numa_node: 0\n      local_cpus: %q\n"+
 			"      memory_mib: 16384\n      compute_units: 8\n      nodes:\n        - { path: %s, major: %d, minor: %d }\n",
@@ -264,8 +281,12 @@ func (c *Cluster) startAccel(t *testing.T) {
 	}
 	dev(whole, "shared0")
 	dev(whole+1, "sliced0")
-	fmt.Fprintf(&b, "pools:\n  - name: whole\n    select: { ids: [%s] }\n    family: { kind: exclusive }\n    cpus_per_device: 1\n",
-		strings.Join(ids, ", "))
+	cpusPerDevice := 1
+	if c.Opts.NoExclusiveCPUs {
+		cpusPerDevice = 0
+	}
+	fmt.Fprintf(&b, "pools:\n  - name: whole\n    select: { ids: [%s] }\n    family: { kind: exclusive }\n    cpus_per_device: %d\n",
+		strings.Join(ids, ", "), cpusPerDevice)
 	b.WriteString("  - name: shared\n    select: { ids: [shared0] }\n    family: { kind: shared, replicas: 2, memory_mib_per_share: 8192 }\n")
 	b.WriteString("  - name: sliced\n    select: { ids: [sliced0] }\n    family:\n      kind: sliced\n      slots: 2\n      profiles:\n" +
 		"        - { name: half, size: 1, memory_mib: 8192, compute_units: 4, starts: [0, 1] }\n")
