@@ -314,6 +314,20 @@ func scenarioWebhook(t *testing.T, c *Cluster) {
 	if _, err := create("ops-plain", "", false); err != nil {
 		t.Errorf("a pod without annotations was refused: %v", err)
 	}
+	// Each container fits alone, not both: the init container's device is held until the pod goes.
+	// (family=exclusive: a bare count=1 may also take a share of shared0, which the node would grant.)
+	one := "family=exclusive,count=1"
+	both := strings.Replace(webhookPodYAML("ops-two", one), fmt.Sprintf("accel.nri.io/container.app: %q}", one),
+		fmt.Sprintf("accel.nri.io/container.app: %q, accel.nri.io/container.prep: %q}", one, one), 1)
+	both = strings.Replace(both, "  containers:\n", fmt.Sprintf("  initContainers:\n    - {name: prep, image: %s, command: [\"true\"]}\n  containers:\n", imageRef), 1)
+	wantPod := `container app of pod default/ops-two: claim ctr-<container id> refused: ...; no node has enough for it beside the pod's containers before it (prep), ...`
+	if _, err := c.kubectlIn(both, "create", "--dry-run=server", "-f", "-"); err == nil {
+		t.Errorf("a pod whose init container and container each ask the node's one device was admitted\n%s", both)
+	} else if !strings.Contains(err.Error(), "before it (prep)") {
+		t.Errorf("the pod asking one device twice was refused with\n  %v\nwant a sentence naming prep, like\n  %s", err, wantPod)
+	} else {
+		t.Logf("refused: %s", err)
+	}
 
 	// The webhook down.
 	wh.Stop(10 * time.Second)

@@ -164,8 +164,10 @@ fn pod_against_nodes(
     let mut best: Option<(usize, Refusal)> = None;
     for devices in nodes.values() {
         let mut node = model(devices, rules)?;
-        let refused = asks.iter().enumerate().find_map(|(i, (_, ask))| {
-            node.allocate(&ask.to_claim(format!("{CLAIM}-{i}"), "", ""))
+        // Each container's claim under a name saying whose it is: a refusal's context names
+        // the holders ("accel0 is held by claim ctr-<container id of prep>").
+        let refused = asks.iter().enumerate().find_map(|(i, (c, ask))| {
+            node.allocate(&ask.to_claim(format!("ctr-<container id of {c}>"), "", ""))
                 .err()
                 .map(|r| (i, Refusal::new(CLAIM, None, r.reason)))
         });
