@@ -204,17 +204,7 @@ func (c *Cluster) startAccel(t *testing.T) {
 		"--bound-object-kind", "Node", "--bound-object-name", nodeName, "--duration", "24h"))
 	kubeconfig := c.pki.tokenKubeconfig(t, "nri-accel", c.Server, token)
 
-	whole := c.Opts.WholeDevices
-	if whole == 0 {
-		whole = 1
-	}
-	c.Devs = mkDevices(t, whole+2)
-	cpus, err := os.ReadFile("/sys/devices/system/cpu/online")
-	must(t, err)
-	c.CPUs = strings.TrimSpace(string(cpus))
-	last := c.CPUs[strings.LastIndexAny(c.CPUs, ",-")+1:]
-	c.LocalCPU = last
-
+	inventory := c.makeInventory(t)
 	var b strings.Builder
 	fmt.Fprintf(&b, "state_dir: %s\nnri:\n  socket: %s\nclaims_api:\n  socket: %s\ncdi:\n  dir: %s\n"+
 		"reconcile_interval_secs: 0\n", c.StateDir, c.nriSocket(), filepath.Join(c.RunDir, "claims.sock"), c.CDIDir)
@@ -226,6 +216,33 @@ func (c *Cluster) startAccel(t *testing.T) {
 	if c.Opts.DevicePlugin {
 		fmt.Fprintf(&b, "device_plugin:\n  enabled: true\n  dir: %s\n", filepath.Join(c.KubeletDir, "device-plugins"))
 	}
+	b.WriteString(inventory)
+	c.AccelCfg = filepath.Join(c.AccelDir, "config.yaml")
+	must(t, os.WriteFile(c.AccelCfg, []byte(b.String()), 0o644))
+	if out, err := exec.Command(accelBin(t), "check-config", "--config", c.AccelCfg).CombinedOutput(); err != nil {
+		t.Fatalf("nri-accel check-config: %v\n%s", err, out)
+	}
+	c.Accel = startProc(t, "nri-accel", filepath.Join(c.Dir, "nri-accel.log"), []string{"NRI_ACCEL_LOG=info"},
+		accelBin(t), "run", "--config", c.AccelCfg)
+	c.waitAccelReady(t)
+}
+
+// makeInventory makes the fake device nodes and answers the config's discovery and pools
+// sections for them: pool `whole` (exclusive, WholeDevices devices, one NUMA-local CPU each, the
+// last), `shared` (shared0, 2 replicas) and `sliced` (sliced0, 2 slots of profile half).
+func (c *Cluster) makeInventory(t *testing.T) string {
+	t.Helper()
+	whole := c.Opts.WholeDevices
+	if whole == 0 {
+		whole = 1
+	}
+	c.Devs = mkDevices(t, whole+2)
+	cpus, err := os.ReadFile("/sys/devices/system/cpu/online")
+	must(t, err)
+	c.CPUs = strings.TrimSpace(string(cpus))
+	last := c.CPUs[strings.LastIndexAny(c.CPUs, ",-")+1:]
+	c.LocalCPU = last
+	var b strings.Builder
 	fmt.Fprintf(&b, "discovery:\n  sysfs: false\n  cpus: %q\n  static_devices:\n", c.CPUs)
 	dev := func(i int, id string) {
 		fmt.Fprintf(&b, "    - id: %s\n      vendor: e2e\n      model: fake\n      numa_node: 0\n      local_cpus: %q\n"+
@@ -244,14 +261,7 @@ func (c *Cluster) startAccel(t *testing.T) {
 	b.WriteString("  - name: shared\n    select: { ids: [shared0] }\n    family: { kind: shared, replicas: 2, memory_mib_per_share: 8192 }\n")
 	b.WriteString("  - name: sliced\n    select: { ids: [sliced0] }\n    family:\n      kind: sliced\n      slots: 2\n      profiles:\n" +
 		"        - { name: half, size: 1, memory_mib: 8192, compute_units: 4, starts: [0, 1] }\n")
-	c.AccelCfg = filepath.Join(c.AccelDir, "config.yaml")
-	must(t, os.WriteFile(c.AccelCfg, []byte(b.String()), 0o644))
-	if out, err := exec.Command(accelBin(t), "check-config", "--config", c.AccelCfg).CombinedOutput(); err != nil {
-		t.Fatalf("nri-accel check-config: %v\n%s", err, out)
-	}
-	c.Accel = startProc(t, "nri-accel", filepath.Join(c.Dir, "nri-accel.log"), []string{"NRI_ACCEL_LOG=info"},
-		accelBin(t), "run", "--config", c.AccelCfg)
-	c.waitAccelReady(t)
+	return b.String()
 }
 
 // waitAccelReady waits until nri-accel's gate is open, its slices are published and the kubelet

@@ -30,22 +30,36 @@ const serviceIP = "10.96.0.1"
 
 const cniPluginName = "nri-accel-test-net"
 
-// cniPlugin is the plugin: ADD sets the pod's namespace up, hands its path to the suite and waits
-// (at most 30 s) until the Service is served there; DEL only tells the suite.
+// cniLoopback is the `loopback` plugin containerd always runs first: lo up in the pod's namespace.
+const cniLoopback = `#!/bin/sh
+# The cluster suite's loopback CNI plugin (tests/cluster/podnet_test.go).
+set -eu
+v=$(sed -n 's/.*"cniVersion" *: *"\([^"]*\)".*/\1/p' | head -1)
+case "$CNI_COMMAND" in
+ADD)
+    nsenter --net="$CNI_NETNS" ip link set lo up
+    printf '{"cniVersion":"%s","interfaces":[{"name":"lo","sandbox":"%s"}],"ips":[{"version":"4","address":"127.0.0.1/8","interface":0}]}\n' "${v:-1.0.0}" "$CNI_NETNS"
+    ;;
+VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]}' ;;
+*) ;;
+esac
+`
+
+// cniPlugin is the pod network's plugin: ADD sets the pod's namespace up, hands its path to the
+// suite and waits (at most 30 s) until the Service is served there; DEL only tells the suite.
 const cniPlugin = `#!/bin/sh
 # The cluster suite's pod network (tests/cluster/podnet_test.go).
 set -eu
 cat >/dev/null
 dir=%q
-in() { nsenter --net="$CNI_NETNS" "$@"; }
+innet() { nsenter --net="$CNI_NETNS" "$@"; }
 case "$CNI_COMMAND" in
 ADD)
     n=$(ls "$dir/leases" | wc -l); n=$((n + 2)); touch "$dir/leases/$CNI_CONTAINERID"
-    in ip link set lo up
-    in ip addr add %s/32 dev lo
-    in ip link add "$CNI_IFNAME" type bridge
-    in ip link set "$CNI_IFNAME" up
-    in ip addr add "10.244.$((n / 250)).$((n %% 250 + 2))/32" dev "$CNI_IFNAME"
+    innet ip addr add %s/32 dev lo
+    innet ip link add "$CNI_IFNAME" type bridge
+    innet ip link set "$CNI_IFNAME" up
+    innet ip addr add "10.244.$((n / 250)).$((n %% 250 + 2))/32" dev "$CNI_IFNAME"
     echo "$CNI_NETNS" > "$dir/requests/$CNI_CONTAINERID.tmp"
     mv "$dir/requests/$CNI_CONTAINERID.tmp" "$dir/requests/$CNI_CONTAINERID"
     i=0
@@ -73,7 +87,7 @@ type podNet struct {
 	errs      []string
 }
 
-// writeCNI writes the plugin and its network config for containerd (binDir, confDir) and starts
+// startPodNet writes the plugins and its network config for containerd (binDir, confDir) and starts
 // serving requests.
 func (c *Cluster) startPodNet(t *testing.T, binDir, confDir string) {
 	t.Helper()
@@ -84,6 +98,7 @@ func (c *Cluster) startPodNet(t *testing.T, binDir, confDir string) {
 	must(t, os.MkdirAll(binDir, 0o755))
 	must(t, os.MkdirAll(confDir, 0o755))
 	must(t, os.WriteFile(filepath.Join(binDir, cniPluginName), []byte(fmt.Sprintf(cniPlugin, d, serviceIP)), 0o755))
+	must(t, os.WriteFile(filepath.Join(binDir, "loopback"), []byte(cniLoopback), 0o755))
 	must(t, os.WriteFile(filepath.Join(confDir, "10-"+cniPluginName+".conflist"), []byte(
 		`{"cniVersion":"1.0.0","name":"`+cniPluginName+`","plugins":[{"type":"`+cniPluginName+`"}]}`), 0o644))
 	c.PodNet = &podNet{dir: d, apiserver: strings.TrimPrefix(c.Server, "https://"),
