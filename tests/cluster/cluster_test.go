@@ -1,8 +1,9 @@
 // Package cluster runs nri-accel on a real single-node Kubernetes cluster: etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler and the kubelet, built from their Go modules at release
 // tags by ../peers/build.sh, on the end-to-end suite's real containerd. nri-accel runs on the host
-// (its release binary) as the node's NRI plugin and DRA driver. tests/README.md, "The cluster
-// suite", says what each scenario proves and what this sandbox needs.
+// (its release binary) as the node's NRI plugin and DRA driver, and in scenario i from its image
+// as the shipped DaemonSet and the Helm release. tests/README.md, "The cluster suite", says what
+// each scenario proves and what this sandbox needs.
 package cluster
 
 import (
@@ -306,6 +307,9 @@ func (c *Cluster) keepLogs() {
 	more, _ := filepath.Glob(filepath.Join(c.Dir, "*", "*.yaml"))
 	files = append(files, more...)
 	more, _ = filepath.Glob(filepath.Join(c.Dir, "*.toml"))
+	files = append(files, more...)
+	// The containers' logs (nri-accel's own when it runs in a pod: scenario i).
+	more, _ = filepath.Glob(filepath.Join(c.Dir, "pod-logs", "*", "*", "*.log"))
 	files = append(files, more...)
 	for _, f := range files {
 		if b, err := os.ReadFile(f); err == nil {
