@@ -313,6 +313,18 @@ func scenarioIHelm(t *testing.T, d *deployment) {
 	if specs := c.specFiles(); len(specs) != 0 {
 		t.Errorf("CDI specs left after helm uninstall: %v", specs)
 	}
+	// A stopping daemon leaves its slices published on purpose; the operator deletes them
+	// (docs/kubernetes.md, "Uninstall").
+	slices := func() int {
+		return len(list(c.getJSON(t, "get", "resourceslices", "--field-selector", "spec.driver=accel.nri.io"), "items"))
+	}
+	if n := slices(); n == 0 {
+		t.Errorf("no ResourceSlice left after helm uninstall: docs/kubernetes.md says a stopping nri-accel leaves them")
+	}
+	c.kubectl("delete", "resourceslices", "--field-selector", "spec.driver=accel.nri.io")
+	if n := slices(); n != 0 {
+		t.Errorf("%d ResourceSlices after deleting them", n)
+	}
 	out, err := exec.Command(accelBin(t), "reconcile", "--dry-run", "--config", c.AccelCfg).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "prepared (record + spec): 0\n") ||
 		strings.Contains(string(out), "would ") || strings.Contains(string(out), "UNPROVEN") {
