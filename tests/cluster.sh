@@ -13,6 +13,10 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 [ "$(id -u)" = 0 ] || { echo "tests/cluster.sh needs root (it runs containerd, the kubelet, runc and mknod)" >&2; exit 1; }
+# The node's mount namespace (unshare, nsenter) and the pods' network (ip): tests/README.md.
+for tool in unshare nsenter ip; do
+    command -v "$tool" >/dev/null || { echo "tests/cluster.sh needs $tool (Debian: util-linux, iproute2)" >&2; exit 1; }
+done
 cmd="${1:-}"
 [ "$cmd" = test ] || [ "$cmd" = up ] || { echo "usage: $0 test [go test flags] | up" >&2; exit 2; }
 shift

@@ -1,8 +1,9 @@
 // Package cluster runs nri-accel on a real single-node Kubernetes cluster: etcd, kube-apiserver,
 // kube-controller-manager, kube-scheduler and the kubelet, built from their Go modules at release
 // tags by ../peers/build.sh, on the end-to-end suite's real containerd. nri-accel runs on the host
-// (its release binary) as the node's NRI plugin and DRA driver. tests/README.md, "The cluster
-// suite", says what each scenario proves and what this sandbox needs.
+// (its release binary) as the node's NRI plugin and DRA driver, and in scenario i from its image
+// as the shipped DaemonSet and the Helm release. tests/README.md, "The cluster suite", says what
+// each scenario proves and what this sandbox needs.
 package cluster
 
 import (
@@ -83,6 +84,8 @@ type Options struct {
 	// one CPU shared, so on a 2-CPU machine a second whole device with its own CPU cannot be
 	// held while the first is.
 	NoExclusiveCPUs bool
+	// NoHostAccel starts no nri-accel on the host: the test deploys it (scenario i).
+	NoHostAccel bool
 }
 
 // Cluster is one single-node cluster under Dir.
@@ -97,23 +100,30 @@ type Cluster struct {
 	Opts    Options
 
 	Etcd, APIServer, ControllerManager, Scheduler, Containerd, Kubelet, Accel *proc
+	// NodeNS holds the node's mount namespace (nodens_test.go); PodNet serves the pods' network.
+	NodeNS *proc
+	PodNet *podNet
 
 	CRISocket  string
 	KubeletDir string
 	// KubeletPort is the kubelet's HTTPS port on 127.0.0.1 (/metrics; x509 clients of the CA).
 	KubeletPort int
 	Devs        *fakeDevices
-	AccelDir    string
-	AccelCfg    string
-	CDIDir      string
-	LocalCPU    string
+	// AccelDir holds the host binary's config; StateDir, RunDir and CDIDir are the node's
+	// /var/lib/nri-accel, /run/nri-accel and /var/run/cdi.
+	AccelDir string
+	AccelCfg string
+	StateDir string
+	RunDir   string
+	CDIDir   string
+	LocalCPU string
 	// running and pending are the pods scenario c leaves for d.
 	running, pending string
-	// madeVarLibKubelet: /var/lib/kubelet did not exist before (the kubelet's device plugin dir
-	// is bound there), so the teardown removes what was made for it.
-	madeVarLibKubelet bool
-	CPUs              string
-	t                 *testing.T
+	// madeDirs are the mount points made on the machine for the node's binds, removed by the
+	// teardown.
+	madeDirs []string
+	CPUs     string
+	t        *testing.T
 }
 
 // Start brings the cluster of Kubernetes `version` up under a new temp dir and registers its
@@ -179,9 +189,16 @@ func Start(t *testing.T, version string, opts Options) *Cluster {
 		"--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
 		"--feature-gates="+c.gatesFor(t, "kube-scheduler"))
 
+	c.KubeletDir = filepath.Join(dir, "kubelet")
+	c.CDIDir = filepath.Join(dir, "cdi")
+	c.AccelDir = filepath.Join(dir, "nri-accel")
+	c.StateDir, c.RunDir = filepath.Join(c.AccelDir, "state"), filepath.Join(c.AccelDir, "run")
+	c.startNodeNamespace(t)
 	c.startContainerd(t, ctrdBin)
 	c.startKubelet(t)
-	c.startAccel(t)
+	if !opts.NoHostAccel {
+		c.startAccel(t)
+	}
 	// Pods are refused until the controller-manager made the namespace's service account.
 	if !waitFor(60*time.Second, func() bool {
 		_, err := c.kubectlErr("get", "serviceaccount", "default", "-n", "default")
@@ -272,15 +289,18 @@ func (c *Cluster) Teardown() {
 	if c.Containerd != nil {
 		c.Containerd.Stop(10 * time.Second)
 	}
+	c.PodNet.Stop()
 	killUnder(c.Dir)
+	// The last process in the node's mount namespace gone, its mounts (binds, volumes, container
+	// root filesystems) go with it.
+	if c.NodeNS != nil {
+		c.NodeNS.Stop(5 * time.Second)
+	}
 	suite.UnmountUnder(c.Dir)
 	if c.Devs != nil {
 		os.RemoveAll(c.Devs.Dir)
 	}
-	if c.madeVarLibKubelet {
-		_ = os.Remove(devicePluginPath)
-		_ = os.Remove(filepath.Dir(devicePluginPath))
-	}
+	c.removeMadeDirs()
 	if os.Getenv("NRI_ACCEL_CLUSTER_KEEP") == "" {
 		os.RemoveAll(c.Dir)
 	}
@@ -299,6 +319,9 @@ func (c *Cluster) keepLogs() {
 	more, _ := filepath.Glob(filepath.Join(c.Dir, "*", "*.yaml"))
 	files = append(files, more...)
 	more, _ = filepath.Glob(filepath.Join(c.Dir, "*.toml"))
+	files = append(files, more...)
+	// The containers' logs (nri-accel's own when it runs in a pod: scenario i).
+	more, _ = filepath.Glob(filepath.Join(c.Dir, "pod-logs", "*", "*", "*.log"))
 	files = append(files, more...)
 	for _, f := range files {
 		if b, err := os.ReadFile(f); err == nil {

@@ -25,12 +25,8 @@ import (
 func (c *Cluster) startContainerd(t *testing.T, bin string) {
 	t.Helper()
 	d := filepath.Join(c.Dir, "containerd")
-	cni := filepath.Join(d, "cni")
-	must(t, os.MkdirAll(cni, 0o755))
-	must(t, os.WriteFile(filepath.Join(cni, "10-host-only.conflist"), []byte(
-		`{"cniVersion":"1.0.0","name":"host-only","plugins":[{"type":"loopback"}]}`), 0o644))
-	c.CDIDir = filepath.Join(c.Dir, "cdi")
-	must(t, os.MkdirAll(c.CDIDir, 0o755))
+	cni, cniBin := filepath.Join(d, "cni"), filepath.Join(d, "cni-bin")
+	c.startPodNet(t, cniBin, cni)
 	c.CRISocket = filepath.Join(d, "containerd.sock")
 	cfg := fmt.Sprintf(`version = 3
 root = %q
@@ -49,8 +45,10 @@ state = %q
   enable_cdi = true
   cdi_spec_dirs = [%q]
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     conf_dir = %q
+    bin_dirs = [%q]
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -63,11 +61,11 @@ state = %q
   plugin_registration_timeout = "5s"
   plugin_request_timeout = "2s"
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), c.CRISocket, c.CRISocket+".ttrpc", filepath.Join(d, "opt"),
-		imageRef, c.CDIDir, cni, filepath.Join(d, "runc"), c.nriSocket())
+		imageRef, c.CDIDir, cni, cniBin, filepath.Join(d, "runc"), c.nriSocket())
 	config := filepath.Join(c.Dir, "containerd.toml")
 	must(t, os.WriteFile(config, []byte(cfg), 0o644))
 	c.Containerd = startProc(t, "containerd", filepath.Join(c.Dir, "containerd.log"), []string{"PATH=" + bin + ":" + os.Getenv("PATH")},
-		filepath.Join(bin, "containerd"), "--config", config)
+		c.inNode(filepath.Join(bin, "containerd"), "--config", config)...)
 	if !waitFor(60*time.Second, func() bool { return criReady(c.CRISocket) == nil || !c.Containerd.Running() }) || !c.Containerd.Running() {
 		t.Fatalf("containerd did not come up:\n%s", tail(c.Containerd.Log, 30))
 	}
@@ -77,12 +75,14 @@ state = %q
 	}
 }
 
-func (c *Cluster) nriSocket() string { return filepath.Join(c.Dir, "containerd", "nri.sock") }
+// nriSocket is containerd's NRI socket as the machine sees it (/var/run/nri/nri.sock in the node's
+// mount namespace).
+func (c *Cluster) nriSocket() string { return filepath.Join(c.Dir, "nri", "nri.sock") }
 
 // The kernel settings the kubelet insists on (it writes them when they differ, or with
-// protectKernelDefaults refuses to start). The kubelet runs in a mount namespace of its own
-// where these files are bound over by files holding the values it wants, so the shared host's
-// settings are left alone.
+// protectKernelDefaults refuses to start). In the node's mount namespace (nodens_test.go) these
+// files are bound over by files holding the values it wants, so the shared host's settings are
+// left alone.
 var kubeletSysctls = map[string]string{
 	"vm/overcommit_memory":      "1",
 	"vm/panic_on_oom":           "0",
@@ -99,11 +99,6 @@ const devicePluginPath = "/var/lib/kubelet/device-plugins"
 // (tests/README.md, "The cluster suite"), and waits until the Node is Ready.
 func (c *Cluster) startKubelet(t *testing.T) {
 	t.Helper()
-	c.KubeletDir = filepath.Join(c.Dir, "kubelet")
-	must(t, os.MkdirAll(c.KubeletDir, 0o755))
-	for _, sub := range []string{"plugins_registry", "plugins", "device-plugins"} {
-		must(t, os.MkdirAll(filepath.Join(c.KubeletDir, sub), 0o750))
-	}
 	kubeconfig := c.pki.kubeconfig(t, "kubelet", c.Server, "system:node:"+nodeName, "system:nodes")
 	srvCert, srvKey := c.pki.issue(t, "kubelet-server", "system:node:"+nodeName, []string{"system:nodes"}, "127.0.0.1", nodeName)
 	gates := c.gatesFor(t, "kubelet")
@@ -149,27 +144,9 @@ featureGates:%s
 	cfgPath := filepath.Join(c.Dir, "kubelet.yaml")
 	must(t, os.WriteFile(cfgPath, []byte(cfg), 0o644))
 
-	sysctls := filepath.Join(c.Dir, "sysctl")
-	must(t, os.MkdirAll(sysctls, 0o755))
-	var binds []string
-	for k, v := range kubeletSysctls {
-		f := filepath.Join(sysctls, strings.ReplaceAll(k, "/", "_"))
-		must(t, os.WriteFile(f, []byte(v+"\n"), 0o644))
-		binds = append(binds, fmt.Sprintf("mount --bind %s /proc/sys/%s", f, k))
-	}
-	// The kubelet's device plugin socket is always /var/lib/kubelet/device-plugins/kubelet.sock
-	// (the device plugin API fixes it, whatever --root-dir says): in the kubelet's mount
-	// namespace that dir is the cluster's own, where nri-accel's device plugins find it.
-	if _, err := os.Stat("/var/lib/kubelet"); os.IsNotExist(err) {
-		c.madeVarLibKubelet = true
-	}
-	binds = append(binds, "mkdir -p "+devicePluginPath,
-		fmt.Sprintf("mount --bind %s %s", filepath.Join(c.KubeletDir, "device-plugins"), devicePluginPath))
-	script := "set -e; " + strings.Join(binds, "; ") + `; exec "$@"`
 	c.Kubelet = startProc(t, "kubelet", filepath.Join(c.Dir, "kubelet.log"), nil,
-		"unshare", "--mount", "--", "sh", "-c", script, "kubelet",
-		filepath.Join(c.KubeBin, "kubelet"), "--config="+cfgPath, "--kubeconfig="+kubeconfig,
-		"--root-dir="+c.KubeletDir, "--hostname-override="+nodeName, "--v=2")
+		c.inNode(filepath.Join(c.KubeBin, "kubelet"), "--config="+cfgPath, "--kubeconfig="+kubeconfig,
+			"--root-dir="+c.KubeletDir, "--hostname-override="+nodeName, "--v=2")...)
 	if !waitFor(120*time.Second, func() bool { return c.nodeReady() || !c.Kubelet.Running() }) || !c.Kubelet.Running() {
 		t.Fatalf("node %s did not become Ready:\n%s", nodeName, tail(c.Kubelet.Log, 60))
 	}
@@ -240,6 +217,34 @@ func (c *Cluster) startAccel(t *testing.T) {
 		"--bound-object-kind", "Node", "--bound-object-name", nodeName, "--duration", "24h"))
 	kubeconfig := c.pki.tokenKubeconfig(t, "nri-accel", c.Server, token)
 
+	inventory := c.makeInventory(t)
+	var b strings.Builder
+	fmt.Fprintf(&b, "state_dir: %s\nnri:\n  socket: %s\nclaims_api:\n  socket: %s\ncdi:\n  dir: %s\n"+
+		"reconcile_interval_secs: 0\n", c.StateDir, c.nriSocket(), filepath.Join(c.RunDir, "claims.sock"), c.CDIDir)
+	if !c.Opts.NoDRA {
+		fmt.Fprintf(&b, "dra:\n  enabled: true\n  driver_name: accel.nri.io\n  plugins_registry_dir: %s\n  plugins_dir: %s\n"+
+			"kubernetes:\n  node_name: %s\n  kubeconfig: %s\n",
+			filepath.Join(c.KubeletDir, "plugins_registry"), filepath.Join(c.KubeletDir, "plugins"), nodeName, kubeconfig)
+	}
+	if c.Opts.DevicePlugin {
+		fmt.Fprintf(&b, "device_plugin:\n  enabled: true\n  dir: %s\n", filepath.Join(c.KubeletDir, "device-plugins"))
+	}
+	b.WriteString(inventory)
+	c.AccelCfg = filepath.Join(c.AccelDir, "config.yaml")
+	must(t, os.WriteFile(c.AccelCfg, []byte(b.String()), 0o644))
+	if out, err := exec.Command(accelBin(t), "check-config", "--config", c.AccelCfg).CombinedOutput(); err != nil {
+		t.Fatalf("nri-accel check-config: %v\n%s", err, out)
+	}
+	c.Accel = startProc(t, "nri-accel", filepath.Join(c.Dir, "nri-accel.log"), []string{"NRI_ACCEL_LOG=info"},
+		accelBin(t), "run", "--config", c.AccelCfg)
+	c.waitAccelReady(t)
+}
+
+// makeInventory makes the fake device nodes and answers the config's discovery and pools
+// sections for them: pool `whole` (exclusive, WholeDevices devices, one NUMA-local CPU each, the
+// last), `shared` (shared0, 2 replicas) and `sliced` (sliced0, 2 slots of profile half).
+func (c *Cluster) makeInventory(t *testing.T) string {
+	t.Helper()
 	whole := c.Opts.WholeDevices
 	if whole == 0 {
 		whole = 1
@@ -250,20 +255,7 @@ func (c *Cluster) startAccel(t *testing.T) {
 	c.CPUs = strings.TrimSpace(string(cpus))
 	last := c.CPUs[strings.LastIndexAny(c.CPUs, ",-")+1:]
 	c.LocalCPU = last
-
-	c.AccelDir = filepath.Join(c.Dir, "nri-accel")
-	must(t, os.MkdirAll(c.AccelDir, 0o755))
 	var b strings.Builder
-	fmt.Fprintf(&b, "state_dir: %s\nnri:\n  socket: %s\nclaims_api:\n  socket: %s\ncdi:\n  dir: %s\n"+
-		"reconcile_interval_secs: 0\n", filepath.Join(c.AccelDir, "state"), c.nriSocket(), filepath.Join(c.AccelDir, "claims.sock"), c.CDIDir)
-	if !c.Opts.NoDRA {
-		fmt.Fprintf(&b, "dra:\n  enabled: true\n  driver_name: accel.nri.io\n  plugins_registry_dir: %s\n  plugins_dir: %s\n"+
-			"kubernetes:\n  node_name: %s\n  kubeconfig: %s\n",
-			filepath.Join(c.KubeletDir, "plugins_registry"), filepath.Join(c.KubeletDir, "plugins"), nodeName, kubeconfig)
-	}
-	if c.Opts.DevicePlugin {
-		fmt.Fprintf(&b, "device_plugin:\n  enabled: true\n  dir: %s\n", filepath.Join(c.KubeletDir, "device-plugins"))
-	}
 	fmt.Fprintf(&b, "discovery:\n  sysfs: false\n  cpus: %q\n", c.CPUs)
 	if c.Opts.HealthCheckSecs > 0 {
 		fmt.Fprintf(&b, "  health_check_secs: %d\n", c.Opts.HealthCheckSecs)
@@ -290,14 +282,7 @@ func (c *Cluster) startAccel(t *testing.T) {
 	b.WriteString("  - name: shared\n    select: { ids: [shared0] }\n    family: { kind: shared, replicas: 2, memory_mib_per_share: 8192 }\n")
 	b.WriteString("  - name: sliced\n    select: { ids: [sliced0] }\n    family:\n      kind: sliced\n      slots: 2\n      profiles:\n" +
 		"        - { name: half, size: 1, memory_mib: 8192, compute_units: 4, starts: [0, 1] }\n")
-	c.AccelCfg = filepath.Join(c.AccelDir, "config.yaml")
-	must(t, os.WriteFile(c.AccelCfg, []byte(b.String()), 0o644))
-	if out, err := exec.Command(accelBin(t), "check-config", "--config", c.AccelCfg).CombinedOutput(); err != nil {
-		t.Fatalf("nri-accel check-config: %v\n%s", err, out)
-	}
-	c.Accel = startProc(t, "nri-accel", filepath.Join(c.Dir, "nri-accel.log"), []string{"NRI_ACCEL_LOG=info"},
-		accelBin(t), "run", "--config", c.AccelCfg)
-	c.waitAccelReady(t)
+	return b.String()
 }
 
 // waitAccelReady waits until nri-accel's gate is open, its slices are published and the kubelet

@@ -173,7 +173,7 @@ func (c *Cluster) waitRunning(t *testing.T, name string, within time.Duration) o
 		return str(p, "status", "phase") == "Running" && field(p, "status", "containerStatuses", 0, "ready") == true
 	}) {
 		out, _ := c.kubectlErr("describe", "pod", name, "-n", "default")
-		t.Fatalf("pod %s not Running within %s:\n%s\nnri-accel:\n%s", name, within, out, tail(c.Accel.Log, 20))
+		t.Fatalf("pod %s not Running within %s:\n%s\nnri-accel:\n%s", name, within, out, tail(c.accelLog(), 20))
 	}
 	return p
 }
@@ -560,7 +560,7 @@ func scenarioD(t *testing.T, c *Cluster) {
 			t.Errorf("the deleted pod's CDI spec %s is still there", s)
 		}
 	}
-	if !fileHas(c.Kubelet.Log, "NodeUnprepareResources") && !fileHas(c.Accel.Log, "unprepare") {
+	if !fileHas(c.Kubelet.Log, "NodeUnprepareResources") && !fileHas(c.accelLog(), "unprepare") {
 		t.Logf("neither log names the unprepare (kubelet at -v=2 may not)")
 	}
 	want := "accel.nri.io/" + nodeName + "/whole-accel0"
