@@ -106,7 +106,7 @@ type Cluster struct {
 
 	CRISocket  string
 	KubeletDir string
-	// KubeletPort is the kubelet's HTTPS port on 127.0.0.1 (/metrics; x509 clients of the CA).
+	// KubeletPort is the kubelet's HTTPS port, on every address (/metrics, exec, logs; x509 clients of the CA).
 	KubeletPort int
 	Devs        *fakeDevices
 	// AccelDir holds the host binary's config; StateDir, RunDir and CDIDir are the node's
@@ -163,6 +163,7 @@ func Start(t *testing.T, version string, opts Options) *Cluster {
 		"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
 		"--tls-cert-file="+srvCert, "--tls-private-key-file="+srvKey, "--client-ca-file="+c.pki.CA,
 		"--kubelet-client-certificate="+kcCert, "--kubelet-client-key="+kcKey, "--kubelet-certificate-authority="+c.pki.CA,
+		"--kubelet-preferred-address-types=InternalIP",
 		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file="+c.pki.SAPub,
 		"--service-account-signing-key-file="+c.pki.SAKey, "--service-cluster-ip-range=10.96.0.0/24",
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",

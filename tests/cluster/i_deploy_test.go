@@ -24,6 +24,7 @@ func TestClusterDeploy(t *testing.T) {
 	for _, v := range kubeVersions() {
 		t.Run(v, func(t *testing.T) {
 			start := time.Now()
+			from := ranCount()
 			c := Start(t, v, Options{NoHostAccel: true})
 			t.Logf("cluster %s up in %.1f s", v, time.Since(start).Seconds())
 			d := &deployment{c: c, image: c.importImage(t), inventory: c.makeInventory(t)}
@@ -46,6 +47,13 @@ func TestClusterDeploy(t *testing.T) {
 				c.t = t
 				if !ok {
 					break // the Helm release wants the plain manifests' objects gone
+				}
+			}
+			// docs/kubernetes.md gives only commands this scenario ran (issue 29 item 4).
+			if !t.Failed() {
+				if missing := uncovered(kubernetesPage(t), ranSince(from)); len(missing) != 0 {
+					t.Errorf("docs/kubernetes.md gives commands scenario i did not run (run them here, or take them out of the page):\n  %s",
+						strings.Join(missing, "\n  "))
 				}
 			}
 		})
@@ -189,6 +197,7 @@ func scenarioIManifests(t *testing.T, d *deployment) {
 	c.waitDeployed(t, str(pod, "metadata", "uid"), true)
 
 	scenarioB(t, c)
+	d.walkVerify(t)
 
 	// Uninstall, as docs/kubernetes.md says.
 	c.kubectl("delete", "-f", filepath.Join(pkg, "daemonset.yaml"), "--wait=true", "--timeout=120s")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,7 +101,17 @@ const devicePluginPath = "/var/lib/kubelet/device-plugins"
 func (c *Cluster) startKubelet(t *testing.T) {
 	t.Helper()
 	kubeconfig := c.pki.kubeconfig(t, "kubelet", c.Server, "system:node:"+nodeName, "system:nodes")
-	srvCert, srvKey := c.pki.issue(t, "kubelet-server", "system:node:"+nodeName, []string{"system:nodes"}, "127.0.0.1", nodeName)
+	// The apiserver reaches the kubelet (exec, logs) at the Node's InternalIP, which the kubelet
+	// takes from the machine's interfaces: every non-loopback address is in its certificate.
+	hosts := []string{"127.0.0.1", nodeName}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ip, ok := a.(*net.IPNet); ok && !ip.IP.IsLoopback() {
+				hosts = append(hosts, ip.IP.String())
+			}
+		}
+	}
+	srvCert, srvKey := c.pki.issue(t, "kubelet-server", "system:node:"+nodeName, []string{"system:nodes"}, hosts...)
 	gates := c.gatesFor(t, "kubelet")
 	var gateYAML strings.Builder
 	for _, g := range strings.Split(gates, ",") {
@@ -111,10 +122,12 @@ func (c *Cluster) startKubelet(t *testing.T) {
 	if gateYAML.Len() == 0 {
 		gateYAML.WriteString(" {}")
 	}
+	// All addresses: the apiserver's exec and logs come to the Node's InternalIP. Only clients
+	// of the cluster's CA get in (anonymous off).
 	c.KubeletPort = freePort(t)
 	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: 0.0.0.0
 port: %d
 readOnlyPort: 0
 healthzPort: 0
