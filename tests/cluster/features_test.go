@@ -19,22 +19,11 @@ func TestClusterFeatures(t *testing.T) {
 	for _, v := range kubeVersions() {
 		t.Run(v, func(t *testing.T) {
 			c := Start(t, v, Options{})
-			for _, s := range []struct {
-				name string
-				f    func(t *testing.T, c *Cluster)
-			}{
-				{"shares_of_one_device", featureShares},
-				{"partitions_of_one_device", featurePartitions},
-				{"prioritized_list", featurePrioritizedList},
-			} {
-				t.Run(s.name, func(t *testing.T) {
-					c.t = t
-					defer func() { c.t = t }()
-					begin := time.Now()
-					s.f(t, c)
-					t.Logf("%s took %.1f s", s.name, time.Since(begin).Seconds())
-				})
-			}
+			runScenarios(t, c, false,
+				scenario{"shares_of_one_device", featureShares},
+				scenario{"partitions_of_one_device", featurePartitions},
+				scenario{"prioritized_list", featurePrioritizedList},
+			)
 		})
 	}
 }

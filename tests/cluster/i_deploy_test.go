@@ -30,25 +30,11 @@ func TestClusterDeploy(t *testing.T) {
 			d := &deployment{c: c, image: c.importImage(t), inventory: c.makeInventory(t)}
 			c.writeHostViewConfig(t, d.inventory)
 			c.applyTemplate(t, "one-gpu", "accel-gpu")
-			for _, s := range []struct {
-				name string
-				f    func(t *testing.T, d *deployment)
-			}{
-				{"manifests_as_shipped", scenarioIManifests},
-				{"helm_upgrade_rollback_uninstall", scenarioIHelm},
-			} {
-				ok := t.Run(s.name, func(t *testing.T) {
-					c.t = t
-					defer func() { c.t = t }()
-					begin := time.Now()
-					s.f(t, d)
-					t.Logf("%s took %.1f s", s.name, time.Since(begin).Seconds())
-				})
-				c.t = t
-				if !ok {
-					break // the Helm release wants the plain manifests' objects gone
-				}
-			}
+			// The Helm release wants the plain manifests' objects gone.
+			runScenarios(t, c, true,
+				scenario{"manifests_as_shipped", func(t *testing.T, _ *Cluster) { scenarioIManifests(t, d) }},
+				scenario{"helm_upgrade_rollback_uninstall", func(t *testing.T, _ *Cluster) { scenarioIHelm(t, d) }},
+			)
 			// docs/kubernetes.md gives only commands this scenario ran (issue 29 item 4).
 			if !t.Failed() {
 				if missing := uncovered(kubernetesPage(t), ranSince(from)); len(missing) != 0 {

@@ -30,22 +30,10 @@ func TestClusterOps(t *testing.T) {
 	for _, v := range kubeVersions() {
 		t.Run(v, func(t *testing.T) {
 			c := Start(t, v, Options{})
-			for _, s := range []struct {
-				name string
-				f    func(t *testing.T, c *Cluster)
-			}{
-				{"helm_dry_run_server", scenarioHelmDryRun},
-				{"webhook_admission", scenarioWebhook},
-			} {
-				t.Run(s.name, func(t *testing.T) {
-					c.t = t
-					defer func() { c.t = t }()
-					begin := time.Now()
-					s.f(t, c)
-					t.Logf("%s took %.1f s", s.name, time.Since(begin).Seconds())
-				})
-				c.t = t
-			}
+			runScenarios(t, c, false,
+				scenario{"helm_dry_run_server", scenarioHelmDryRun},
+				scenario{"webhook_admission", scenarioWebhook},
+			)
 		})
 	}
 }

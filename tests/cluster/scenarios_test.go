@@ -31,6 +31,31 @@ func TestUp(t *testing.T) {
 	<-sig
 }
 
+// scenario is one subtest of a cluster test: its name and what it does on the cluster.
+type scenario struct {
+	name string
+	f    func(t *testing.T, c *Cluster)
+}
+
+// runScenarios runs each as a subtest on c, in order, logging how long it took; c's failures go
+// to the running subtest. With dependent, the rest are skipped once one fails (they build on
+// what it left).
+func runScenarios(t *testing.T, c *Cluster, dependent bool, scenarios ...scenario) {
+	for _, s := range scenarios {
+		ok := t.Run(s.name, func(t *testing.T) {
+			c.t = t
+			defer func() { c.t = t }()
+			begin := time.Now()
+			s.f(t, c)
+			t.Logf("%s took %.1f s", s.name, time.Since(begin).Seconds())
+		})
+		c.t = t
+		if !ok && dependent {
+			break
+		}
+	}
+}
+
 // TestCluster runs the scenarios, in order, on one cluster per Kubernetes version.
 func TestCluster(t *testing.T) {
 	requireRoot(t)
@@ -40,30 +65,16 @@ func TestCluster(t *testing.T) {
 			c := Start(t, v, Options{})
 			t.Logf("cluster %s up in %.1f s (gates: %v)", v, time.Since(start).Seconds(), c.Gates)
 			c.applyTemplate(t, "one-gpu", "accel-gpu")
-			for _, s := range []struct {
-				name string
-				f    func(t *testing.T, c *Cluster)
-			}{
-				{"a_slices_accepted", scenarioA},
-				{"b_claim_seen_inside", scenarioB},
-				{"c_one_device_two_pods", scenarioC},
-				{"d_release_then_pending_runs", scenarioD},
-				{"g_kill9_mid_prepare", scenarioGKill9},
-				{"g_apiserver_down_60s", scenarioGAPIServerDown},
-				{"g_kubelet_restart", scenarioGKubeletRestart},
-			} {
-				ok := t.Run(s.name, func(t *testing.T) {
-					c.t = t
-					defer func() { c.t = t }()
-					begin := time.Now()
-					s.f(t, c)
-					t.Logf("%s took %.1f s", s.name, time.Since(begin).Seconds())
-				})
-				c.t = t
-				if !ok {
-					break // the later scenarios build on the earlier ones
-				}
-			}
+			// The later scenarios build on the earlier ones.
+			runScenarios(t, c, true,
+				scenario{"a_slices_accepted", scenarioA},
+				scenario{"b_claim_seen_inside", scenarioB},
+				scenario{"c_one_device_two_pods", scenarioC},
+				scenario{"d_release_then_pending_runs", scenarioD},
+				scenario{"g_kill9_mid_prepare", scenarioGKill9},
+				scenario{"g_apiserver_down_60s", scenarioGAPIServerDown},
+				scenario{"g_kubelet_restart", scenarioGKubeletRestart},
+			)
 		})
 	}
 }
