@@ -150,36 +150,13 @@ func healthDRA(t *testing.T, c *Cluster) {
 		t.Fatalf("published devices %v, want whole-accel0 and whole-accel1", sortedKeys(devs))
 	}
 	c.applyTemplate(t, "one-gpu", "accel-gpu")
-	// pick selects accel1, indented by `in` spaces.
-	pick := func(in int) string {
-		sp := strings.Repeat(" ", in)
-		return "\n" + sp + "selectors:\n" + sp + `  - cel: {expression: 'device.attributes["accel.nri.io"].deviceId == "accel1"'}` + "\n"
-	}
-	c.apply(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: f-accel1, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpu
-          exactly:
-            deviceClassName: accel-gpu
-            count: 1` + pick(12))
+	accel1 := oneDevice("accel-gpu", `device.attributes["accel.nri.io"].deviceId == "accel1"`, "")
+	c.apply(claimTemplateYAML("f-accel1", accel1))
 	// The holder's claim is a ResourceClaim of its own whose name is the pod's name for it: the
 	// 1.34 kubelet matches the container's claim reference against the ResourceClaim's name when
 	// it fills allocatedResourcesStatus, so a claim made from a template (another name) never
 	// shows there (fixed by 1.37, which resolves the name through the pod's status).
-	c.apply(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: f-accel1, namespace: default}
-spec:
-  devices:
-    requests:
-      - name: gpu
-        exactly:
-          deviceClassName: accel-gpu
-          count: 1` + pick(10))
+	c.apply(claimYAML("f-accel1", accel1))
 	c.apply(strings.Replace(strings.Replace(podYAML("f-holder", "one-gpu"),
 		"{name: gpu, resourceClaimTemplateName: one-gpu}", "{name: f-accel1, resourceClaimName: f-accel1}", 1),
 		"claims: [{name: gpu}]", "claims: [{name: f-accel1}]", 1))

@@ -28,52 +28,30 @@ func TestClusterFeatures(t *testing.T) {
 	}
 }
 
-// applyClassTemplate creates a ResourceClaimTemplate asking for one device of class (and of
-// profile, when set: a partition's profile attribute).
-func (c *Cluster) applyClassTemplate(t *testing.T, name, class, profile string) {
-	t.Helper()
-	selector := ""
-	if profile != "" {
-		selector = fmt.Sprintf("\n            selectors:\n              - cel: {expression: 'device.attributes[\"accel.nri.io\"].profile == \"%s\"'}", profile)
-	}
-	c.apply(fmt.Sprintf(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: %s, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpu
-          exactly:
-            deviceClassName: %s%s
-`, name, class, selector))
-}
-
-// holders runs pods named prefix-1..n on template, expects the first `fit` to run and the rest
-// to stay Pending and unscheduled for 15 s, and answers the devices the running ones got.
-func (c *Cluster) holders(t *testing.T, prefix, template string, n, fit int) []string {
+// holders runs pods named prefix-1..n on template, expects `fit` of them (whichever the
+// scheduler picks) to run and the rest to stay Pending and unscheduled for 15 s, and answers the
+// running ones and the devices they got.
+func (c *Cluster) holders(t *testing.T, prefix, template string, n, fit int) (running []string, got []string) {
 	t.Helper()
 	var names []string
 	for i := 1; i <= n; i++ {
 		names = append(names, fmt.Sprintf("%s-%d", prefix, i))
 		c.apply(podYAML(names[i-1], template))
 	}
-	var got []string
-	running := 0
 	deadline := time.Now().Add(120 * time.Second)
-	for running < fit && time.Now().Before(deadline) {
-		running = 0
+	for len(running) < fit && time.Now().Before(deadline) {
+		running = nil
 		for _, name := range names {
 			p := c.pod(name)
 			if str(p, "status", "phase") == "Running" && field(p, "status", "containerStatuses", 0, "ready") == true {
-				running++
+				running = append(running, name)
 			}
 		}
 		time.Sleep(time.Second)
 	}
-	if running != fit {
+	if len(running) != fit {
 		out, _ := c.kubectlErr("get", "pods", "-n", "default", "-o", "wide")
-		t.Fatalf("%d of %s-* Running, want %d:\n%s\nnri-accel:\n%s", running, prefix, fit, out, tail(c.Accel.Log, 20))
+		t.Fatalf("%v of %s-* Running, want %d:\n%s\nnri-accel:\n%s", running, prefix, fit, out, tail(c.Accel.Log, 20))
 	}
 	// The rest stay Pending, never bound to the node, for 15 s.
 	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
@@ -87,18 +65,14 @@ func (c *Cluster) holders(t *testing.T, prefix, template string, n, fit int) []s
 			t.Fatalf("%d of %s-* bound to the node, want %d (one more than the devices hold)", bound, prefix, fit)
 		}
 	}
-	for _, name := range names {
-		p := c.pod(name)
-		if str(p, "status", "phase") != "Running" {
-			continue
-		}
-		got = append(got, allocatedDevices(c.claimOfPod(t, p))...)
+	for _, name := range running {
+		got = append(got, allocatedDevices(c.claimOfPod(t, c.pod(name)))...)
 	}
 	sort.Strings(got)
 	if held := len(c.accelClaims(t)); held != fit {
 		t.Errorf("nri-accel holds %d claims, want %d", held, fit)
 	}
-	return got
+	return running, got
 }
 
 // release deletes pods prefix-1..n and waits until nri-accel holds nothing and no spec is left.
@@ -116,7 +90,7 @@ func (c *Cluster) release(t *testing.T, prefix string, n int) {
 // (with multiple allocations, DRAConsumableCapacity), the third stays Pending; inside each the
 // device node is there.
 func featureShares(t *testing.T, c *Cluster) {
-	c.applyClassTemplate(t, "one-share", "accel-gpu-shared", "")
+	c.apply(claimTemplateYAML("one-share", oneDevice("accel-gpu-shared", "", "")))
 	slices := list(c.getJSON(t, "get", "resourceslices", "--field-selector", "spec.driver=accel.nri.io"), "items")
 	multiple := false
 	for _, s := range slices {
@@ -131,15 +105,15 @@ func featureShares(t *testing.T, c *Cluster) {
 		fit = 2
 	}
 	t.Logf("shared-shared0 allows multiple allocations: %v; %d pods fit", multiple, fit)
-	got := c.holders(t, "fs", "one-share", fit+1, fit)
+	running, got := c.holders(t, "fs", "one-share", fit+1, fit)
 	for _, d := range got {
 		if !strings.HasSuffix(d, "/shared-shared0") {
 			t.Errorf("a share pod got %s, want shared-shared0 (%v)", d, got)
 		}
 	}
-	for i := 1; i <= fit; i++ {
-		if _, err := c.ExecIn("default", fmt.Sprintf("fs-%d", i), "app", "test", "-c", c.Devs.Path(1)); err != nil {
-			t.Errorf("shared0's device node is not in fs-%d: %v", i, err)
+	for _, name := range running {
+		if _, err := c.ExecIn("default", name, "app", "test", "-c", c.Devs.Path(1)); err != nil {
+			t.Errorf("shared0's device node is not in %s: %v", name, err)
 		}
 	}
 	c.release(t, "fs", fit+1)
@@ -151,19 +125,19 @@ func featurePartitions(t *testing.T, c *Cluster) {
 	if c.minor() < 35 {
 		t.Skip("SKIPPED: on 1.34 the apiserver refuses the partitions' counter layout and nri-accel withdraws them (docs/dra.md, \"Feature gates\")")
 	}
-	c.applyClassTemplate(t, "one-half", "accel-gpu-partition", "half")
-	got := c.holders(t, "fp", "one-half", 3, 2)
+	c.apply(claimTemplateYAML("one-half", oneDevice("accel-gpu-partition", `device.attributes["accel.nri.io"].profile == "half"`, "")))
+	running, got := c.holders(t, "fp", "one-half", 3, 2)
 	if len(got) != 2 || !strings.HasSuffix(got[0], "/sliced-sliced0-half-0") || !strings.HasSuffix(got[1], "/sliced-sliced0-half-1") {
 		t.Errorf("the partition pods got %v, want sliced-sliced0-half-0 and -1", got)
 	}
-	for i := 1; i <= 2; i++ {
-		if _, err := c.ExecIn("default", fmt.Sprintf("fp-%d", i), "app", "test", "-c", c.Devs.Path(2)); err != nil {
-			t.Errorf("sliced0's device node is not in fp-%d: %v", i, err)
+	for _, name := range running {
+		if _, err := c.ExecIn("default", name, "app", "test", "-c", c.Devs.Path(2)); err != nil {
+			t.Errorf("sliced0's device node is not in %s: %v", name, err)
 		}
-		env, err := c.ExecIn("default", fmt.Sprintf("fp-%d", i), "app", "env")
+		env, err := c.ExecIn("default", name, "app", "env")
 		must(t, err)
 		if !strings.Contains(env, "ACCEL_SLICE_PROFILE=half\n") {
-			t.Errorf("fp-%d has no ACCEL_SLICE_PROFILE=half:\n%s", i, env)
+			t.Errorf("%s has no ACCEL_SLICE_PROFILE=half:\n%s", name, env)
 		}
 	}
 	c.release(t, "fp", 3)

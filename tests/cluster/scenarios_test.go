@@ -84,23 +84,34 @@ func TestCluster(t *testing.T) {
 // (docs/dra.md, "Opaque configuration"): the CDI environment a container must see.
 func (c *Cluster) applyTemplate(t *testing.T, name, class string) {
 	t.Helper()
-	c.apply(fmt.Sprintf(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: %s, namespace: default}
-spec:
-  spec:
-    devices:
-      requests:
-        - name: gpu
-          exactly: {deviceClassName: %s, count: 1}
-      config:
-        - opaque:
-            driver: accel.nri.io
-            parameters:
-              apiVersion: accel.nri.io/v1alpha1
-              kind: DeviceConfig
-              env: {NRI_ACCEL_CLUSTER: %s}
-`, name, class, name))
+	c.apply(claimTemplateYAML(name, oneDevice(class, "", "NRI_ACCEL_CLUSTER: "+name)))
+}
+
+// oneDevice is a claim's `devices` asking one device of class as request `gpu`, narrowed by the
+// CEL expression cel when set, with an opaque configuration for nri-accel setting env (a YAML
+// mapping's body, `KEY: value`) when set. Indented for claimTemplateYAML; claimYAML shifts it.
+func oneDevice(class, cel, env string) string {
+	y := fmt.Sprintf("    devices:\n      requests:\n        - name: gpu\n          exactly:\n            deviceClassName: %s\n            count: 1\n", class)
+	if cel != "" {
+		y += fmt.Sprintf("            selectors:\n              - cel: {expression: '%s'}\n", cel)
+	}
+	if env != "" {
+		y += "      config:\n        - opaque:\n            driver: accel.nri.io\n            parameters:\n" +
+			"              apiVersion: accel.nri.io/v1alpha1\n              kind: DeviceConfig\n" +
+			fmt.Sprintf("              env: {%s}\n", env)
+	}
+	return y
+}
+
+// claimTemplateYAML is a ResourceClaimTemplate in namespace default whose claims have devices.
+func claimTemplateYAML(name, devices string) string {
+	return fmt.Sprintf("apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: %s, namespace: default}\nspec:\n  spec:\n%s", name, devices)
+}
+
+// claimYAML is a ResourceClaim in namespace default with devices (as oneDevice indents them).
+func claimYAML(name, devices string) string {
+	return fmt.Sprintf("apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: %s, namespace: default}\nspec:\n%s",
+		name, strings.ReplaceAll(strings.TrimSuffix(devices, "\n"), "\n  ", "\n")[2:]+"\n")
 }
 
 // podYAML is a host-network pod of the suite's image whose container `app` sleeps, holding a
