@@ -16,6 +16,7 @@ import (
 // their own, held by a process made with `unshare --mount` and entered with `nsenter`. In it:
 //   - the kernel settings the kubelet insists on are files bound over /proc/sys (the machine's
 //     own settings are never written);
+//   - the kubelet's root dir is a shared mount already, as the kubelet wants it;
 //   - the node's standard paths, the ones the shipped manifests hostPath-mount, are bound to the
 //     cluster's own dirs (nodePaths), so the DaemonSet of packaging/kubernetes and the chart run
 //     unchanged and everything they write lands under the cluster's temp dir.
@@ -48,6 +49,12 @@ func (c *Cluster) startNodeNamespace(t *testing.T) {
 		must(t, os.WriteFile(f, []byte(v+"\n"), 0o644))
 		binds = append(binds, fmt.Sprintf("mount --bind %s /proc/sys/%s", f, k))
 	}
+	// The kubelet makes its root dir a shared mount at start (a bind onto itself) while its
+	// pod-resources server is renaming a socket into that dir: when the bind lands between the
+	// socket's create and its rename, the rename fails with EXDEV and the kubelet exits. A root dir
+	// that already is a shared mount is left alone, so the namespace makes it one beforehand.
+	must(t, os.MkdirAll(c.KubeletDir, 0o755))
+	binds = append(binds, fmt.Sprintf("mount --bind %[1]s %[1]s && mount --make-rshared %[1]s", c.KubeletDir))
 	paths := c.nodePaths()
 	targets := make([]string, 0, len(paths))
 	for dst := range paths {
