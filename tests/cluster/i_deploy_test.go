@@ -33,6 +33,7 @@ func TestClusterDeploy(t *testing.T) {
 			// The Helm release wants the plain manifests' objects gone.
 			runScenarios(t, c, true,
 				scenario{"manifests_as_shipped", func(t *testing.T, _ *Cluster) { scenarioIManifests(t, d) }},
+				scenario{"device_plugin_manifest_as_shipped", func(t *testing.T, _ *Cluster) { scenarioIDevicePlugin(t, d) }},
 				scenario{"helm_upgrade_rollback_uninstall", func(t *testing.T, _ *Cluster) { scenarioIHelm(t, d) }},
 			)
 			// docs/kubernetes.md gives only commands this scenario ran (issue 29 item 4).
@@ -194,6 +195,70 @@ func scenarioIManifests(t *testing.T, d *deployment) {
 	}
 	if specs := c.specFiles(); len(specs) != 0 {
 		t.Errorf("CDI specs left after the delete: %v", specs)
+	}
+}
+
+// Scenario i, the device plugin's manifest: packaging/kubernetes/nri-accel-device-plugin.yaml
+// applied as shipped, the image set, the pools set to the node's devices and the node labelled,
+// as the manifest's comment asks. The kubelet registers the extended resources from the daemon in
+// the DaemonSet's pod, and a pod asking for accel.nri.io/whole runs with the device node and its
+// NUMA-local CPU. Then the pod and the manifest deleted: no CDI spec and no pod left.
+func scenarioIDevicePlugin(t *testing.T, d *deployment) {
+	c := d.c
+	const ns, ds = "kube-system", "nri-accel-device-plugin"
+	manifest := filepath.Join(testsDir(), "..", "packaging", "kubernetes", ds+".yaml")
+	if out, err := c.kubectlErr("apply", "-f", manifest); err != nil {
+		t.Fatalf("kubectl apply -f packaging/kubernetes/%s.yaml: %v\n%s", ds, err, out)
+	}
+	c.kubectl("set", "image", "-n", ns, "daemonset/"+ds, "nri-accel="+d.image)
+	// The operator's pools before the label, so the first pod starts with them.
+	cfg := str(c.getJSON(t, "get", "configmap", ds, "-n", ns), "data", "config.yaml")
+	re := regexp.MustCompile(`(?s)\ndiscovery:\n.*?\ndevice_plugin:\n`)
+	if !re.MatchString(cfg) {
+		t.Fatalf("the shipped device plugin config has no discovery and pools before device_plugin:\n%s", cfg)
+	}
+	cfg = re.ReplaceAllLiteralString(cfg, "\n"+d.inventory+"device_plugin:\n")
+	patch, _ := json.Marshal(obj{"data": obj{"config.yaml": cfg}})
+	c.kubectl("patch", "configmap", ds, "-n", ns, "--type", "merge", "-p", string(patch))
+	begin := time.Now()
+	c.kubectl("label", "node", nodeName, "accel.nri.io/device-plugin=true")
+	pods := func() []any {
+		return list(c.getJSON(t, "get", "pods", "-n", ns, "-l", "app.kubernetes.io/instance="+ds), "items")
+	}
+	if !waitFor(180*time.Second, func() bool { return c.allocatable("accel.nri.io/whole") == 1 }) {
+		out, _ := c.kubectlErr("describe", "pods", "-n", ns, "-l", "app.kubernetes.io/instance="+ds)
+		t.Fatalf("the kubelet did not register accel.nri.io/whole from the device plugin DaemonSet's pod:\n%s\nkubelet:\n%s",
+			out, tail(c.Kubelet.Log, 20))
+	}
+	t.Logf("accel.nri.io/whole allocatable %.1f s after the node was labelled (pods %d, image %s)",
+		time.Since(begin).Seconds(), len(pods()), d.image)
+	for res, want := range map[string]int{"accel.nri.io/shared": 2, "accel.nri.io/sliced": 1} {
+		if got := c.allocatable(res); got != want {
+			t.Errorf("node allocatable %s = %d, want %d", res, got, want)
+		}
+	}
+
+	c.apply(dpPodYAML("i-dp", "accel.nri.io/whole", 1))
+	c.waitRunning(t, "i-dp", 120*time.Second)
+	path := c.Devs.Path(0)
+	if _, err := c.ExecIn("default", "i-dp", "app", "test", "-c", path); err != nil {
+		t.Errorf("the device node %s is not in i-dp: %v", path, err)
+	}
+	cpus, err := c.ExecIn("default", "i-dp", "app", "grep", "Cpus_allowed_list", "/proc/self/status")
+	must(t, err)
+	if f := strings.Fields(cpus); len(f) != 2 || f[1] != c.LocalCPU {
+		t.Errorf("cpuset inside i-dp %q, want the device's NUMA-local CPU %s", cpus, c.LocalCPU)
+	}
+	c.deletePod(t, "i-dp")
+	// The claim goes with the container's removal, which the kubelet does soon after the delete.
+	if !waitFor(90*time.Second, func() bool { return len(c.specFiles()) == 0 }) {
+		t.Errorf("CDI specs left 90 s after i-dp was deleted: %v", c.specFiles())
+	}
+
+	c.kubectl("delete", "-f", manifest, "--wait=true", "--timeout=120s")
+	c.kubectl("label", "node", nodeName, "accel.nri.io/device-plugin-")
+	if !waitFor(60*time.Second, func() bool { return len(pods()) == 0 }) {
+		t.Errorf("device plugin pods left after the delete: %d", len(pods()))
 	}
 }
 
