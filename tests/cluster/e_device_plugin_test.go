@@ -27,6 +27,34 @@ spec:
 `, name, imageRef, resource, n)
 }
 
+// checkAllocatable checks the node's allocatable extended resources: one per device of the
+// inventory's pools (whole 1, shared 2 replicas, sliced 1).
+func (c *Cluster) checkAllocatable(t *testing.T) {
+	t.Helper()
+	for res, want := range map[string]int{"accel.nri.io/whole": 1, "accel.nri.io/shared": 2, "accel.nri.io/sliced": 1} {
+		if got := c.allocatable(res); got != want {
+			t.Errorf("node allocatable %s = %d, want %d", res, got, want)
+		}
+	}
+}
+
+// runWholeDevicePod runs a pod asking for accel.nri.io/whole: 1 and checks that its container has
+// the pool's one device node and the device's NUMA-local CPU as its cpuset.
+func (c *Cluster) runWholeDevicePod(t *testing.T, name string) {
+	t.Helper()
+	c.apply(dpPodYAML(name, "accel.nri.io/whole", 1))
+	c.waitRunning(t, name, 120*time.Second)
+	path := c.Devs.Path(0)
+	if _, err := c.ExecIn("default", name, "app", "test", "-c", path); err != nil {
+		t.Errorf("the device node %s is not in %s: %v", path, name, err)
+	}
+	cpus, err := c.ExecIn("default", name, "app", "grep", "Cpus_allowed_list", "/proc/self/status")
+	must(t, err)
+	if f := strings.Fields(cpus); len(f) != 2 || f[1] != c.LocalCPU {
+		t.Errorf("cpuset inside %s %q, want the device's NUMA-local CPU %s", name, cpus, c.LocalCPU)
+	}
+}
+
 // Scenario e: nri-accel as the kubelet's device plugin (no DRA): a pod asking for the extended
 // resource runs with the device the policy chose; a pod beyond capacity stays Pending with the
 // scheduler's reason; a kubelet restart re-registers the plugins and the running pod keeps its
@@ -36,22 +64,9 @@ func TestClusterDevicePlugin(t *testing.T) {
 	for _, v := range kubeVersions() {
 		t.Run(v, func(t *testing.T) {
 			c := Start(t, v, Options{DevicePlugin: true, NoDRA: true})
-			for res, want := range map[string]int{"accel.nri.io/whole": 1, "accel.nri.io/shared": 2, "accel.nri.io/sliced": 1} {
-				if got := c.allocatable(res); got != want {
-					t.Errorf("node allocatable %s = %d, want %d", res, got, want)
-				}
-			}
-			c.apply(dpPodYAML("e-first", "accel.nri.io/whole", 1))
-			c.waitRunning(t, "e-first", 120*time.Second)
+			c.checkAllocatable(t)
+			c.runWholeDevicePod(t, "e-first")
 			path := c.Devs.Path(0)
-			if _, err := c.ExecIn("default", "e-first", "app", "test", "-c", path); err != nil {
-				t.Errorf("the device node %s is not in e-first: %v", path, err)
-			}
-			cpus, err := c.ExecIn("default", "e-first", "app", "grep", "Cpus_allowed_list", "/proc/self/status")
-			must(t, err)
-			if f := strings.Fields(cpus); len(f) != 2 || f[1] != c.LocalCPU {
-				t.Errorf("cpuset inside e-first %q, want the device's NUMA-local CPU %s", cpus, c.LocalCPU)
-			}
 
 			c.apply(dpPodYAML("e-second", "accel.nri.io/whole", 1))
 			var msg string

@@ -232,23 +232,8 @@ func scenarioIDevicePlugin(t *testing.T, d *deployment) {
 	}
 	t.Logf("accel.nri.io/whole allocatable %.1f s after the node was labelled (pods %d, image %s)",
 		time.Since(begin).Seconds(), len(pods()), d.image)
-	for res, want := range map[string]int{"accel.nri.io/shared": 2, "accel.nri.io/sliced": 1} {
-		if got := c.allocatable(res); got != want {
-			t.Errorf("node allocatable %s = %d, want %d", res, got, want)
-		}
-	}
-
-	c.apply(dpPodYAML("i-dp", "accel.nri.io/whole", 1))
-	c.waitRunning(t, "i-dp", 120*time.Second)
-	path := c.Devs.Path(0)
-	if _, err := c.ExecIn("default", "i-dp", "app", "test", "-c", path); err != nil {
-		t.Errorf("the device node %s is not in i-dp: %v", path, err)
-	}
-	cpus, err := c.ExecIn("default", "i-dp", "app", "grep", "Cpus_allowed_list", "/proc/self/status")
-	must(t, err)
-	if f := strings.Fields(cpus); len(f) != 2 || f[1] != c.LocalCPU {
-		t.Errorf("cpuset inside i-dp %q, want the device's NUMA-local CPU %s", cpus, c.LocalCPU)
-	}
+	c.checkAllocatable(t)
+	c.runWholeDevicePod(t, "i-dp")
 	c.deletePod(t, "i-dp")
 	// The claim goes with the container's removal, which the kubelet does soon after the delete.
 	if !waitFor(90*time.Second, func() bool { return len(c.specFiles()) == 0 }) {
