@@ -87,6 +87,22 @@ func (c *Cluster) writeHostViewConfig(t *testing.T, inventory string) {
 		c.StateDir, c.nriSocket(), filepath.Join(c.RunDir, "claims.sock"), c.CDIDir, inventory)), 0o644))
 }
 
+// setInventory replaces, in the config.yaml of ConfigMap ns/name, the sections from `first` up to
+// `next` with the node's inventory (its discovery and pools sections): the operator's step the
+// shipped manifests ask for, since their config discovers devices in sysfs.
+func (d *deployment) setInventory(t *testing.T, ns, name, first, next string) {
+	t.Helper()
+	c := d.c
+	cfg := str(c.getJSON(t, "get", "configmap", name, "-n", ns), "data", "config.yaml")
+	re := regexp.MustCompile(`(?s)\n` + first + `:\n.*?\n` + next + `:\n`)
+	if !re.MatchString(cfg) {
+		t.Fatalf("the shipped config of %s/%s has no %s section before %s:\n%s", ns, name, first, next, cfg)
+	}
+	cfg = re.ReplaceAllLiteralString(cfg, "\n"+d.inventory+next+":\n")
+	patch, _ := json.Marshal(obj{"data": obj{"config.yaml": cfg}})
+	c.kubectl("patch", "configmap", name, "-n", ns, "--type", "merge", "-p", string(patch))
+}
+
 // accelPods answers the DaemonSet's pods (namespace nri-accel).
 func (c *Cluster) accelPods(t *testing.T) []obj {
 	t.Helper()
@@ -172,14 +188,7 @@ func scenarioIManifests(t *testing.T, d *deployment) {
 	t.Logf("with the shipped config (sysfs discovery, no accelerators on this machine): slices %v", field(st, "kubernetes", "resource_slices", "slices"))
 
 	// The operator's pools: the config's discovery and pools replaced, nothing else.
-	cfg := str(c.getJSON(t, "get", "configmap", "nri-accel", "-n", "nri-accel"), "data", "config.yaml")
-	re := regexp.MustCompile(`(?s)\npools:\n.*?\ndra:\n`)
-	if !re.MatchString(cfg) {
-		t.Fatalf("the shipped config has no pools section before dra:\n%s", cfg)
-	}
-	cfg = re.ReplaceAllLiteralString(cfg, "\n"+d.inventory+"dra:\n")
-	patch, _ := json.Marshal(obj{"data": obj{"config.yaml": cfg}})
-	c.kubectl("patch", "configmap", "nri-accel", "-n", "nri-accel", "--type", "merge", "-p", string(patch))
+	d.setInventory(t, "nri-accel", "nri-accel", "pools", "dra")
 	c.kubectl("rollout", "restart", "-n", "nri-accel", "daemonset/nri-accel")
 	c.waitDeployed(t, str(pod, "metadata", "uid"), true)
 
@@ -212,14 +221,7 @@ func scenarioIDevicePlugin(t *testing.T, d *deployment) {
 	}
 	c.kubectl("set", "image", "-n", ns, "daemonset/"+ds, "nri-accel="+d.image)
 	// The operator's pools before the label, so the first pod starts with them.
-	cfg := str(c.getJSON(t, "get", "configmap", ds, "-n", ns), "data", "config.yaml")
-	re := regexp.MustCompile(`(?s)\ndiscovery:\n.*?\ndevice_plugin:\n`)
-	if !re.MatchString(cfg) {
-		t.Fatalf("the shipped device plugin config has no discovery and pools before device_plugin:\n%s", cfg)
-	}
-	cfg = re.ReplaceAllLiteralString(cfg, "\n"+d.inventory+"device_plugin:\n")
-	patch, _ := json.Marshal(obj{"data": obj{"config.yaml": cfg}})
-	c.kubectl("patch", "configmap", ds, "-n", ns, "--type", "merge", "-p", string(patch))
+	d.setInventory(t, ns, ds, "discovery", "device_plugin")
 	begin := time.Now()
 	c.kubectl("label", "node", nodeName, "accel.nri.io/device-plugin=true")
 	pods := func() []any {
