@@ -93,6 +93,7 @@ for path in \
     usr/share/doc/nri-accel/examples/kubernetes/deviceclasses.yaml \
     usr/share/doc/nri-accel/examples/kubernetes/examples.yaml \
     usr/share/doc/nri-accel/examples/kubernetes/nri-accel-device-plugin.yaml \
+    usr/share/doc/nri-accel/img/dashboard.png \
     usr/share/doc/nri-accel/glossary.md; do
     [ -f "$root/$path" ] || fail "the .deb lacks /$path"
 done
@@ -127,6 +128,12 @@ short=$(sed -n 's/^Description: //p' "$work/control/control")
 [ "${#short}" -le 79 ] || fail "the short description is over 79 characters: $short"
 grep -q "nri-accel cleanup" "$work/control/prerm" \
     || fail "prerm does not delete the node's ResourceSlices (nri-accel cleanup)"
+# cargo-deb fills the marker wherever it stands, a comment too: the generated stop step comes once,
+# and the script parses (a second fill left a stray `.` line, issue 39 item 9).
+stops=$(grep -c "deb-systemd-invoke stop" "$work/control/prerm" || true)
+[ "$stops" = 1 ] || fail "prerm runs the generated stop step $stops times, expected once"
+sh -n "$work/control/prerm" || fail "the built prerm does not parse"
+! grep -qx '[[:space:]]*\.[[:space:]]*' "$work/control/prerm" || fail "the built prerm has a stray '.' line"
 awk '/deb-systemd-invoke stop/ {stop=NR} /nri-accel cleanup/ {clean=NR} END {exit !(stop && clean > stop)}' \
     "$work/control/prerm" || fail "prerm must stop the daemon before nri-accel cleanup"
 echo ".deb: ok ($(du -k "$work/nri-accel.deb" | cut -f1) KiB, $(find "$root" -type f | wc -l) files)"

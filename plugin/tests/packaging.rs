@@ -399,3 +399,71 @@ fn the_operator_guide_names_every_installed_doc_and_only_paths_the_tree_has() {
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
+
+/// The relative targets of the markdown links and images in `text` (`[x](img/a.png)`, not
+/// `http...`, not `#anchor`), without their `#fragment`.
+fn relative_links(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices("](") {
+        let rest = &text[i + 2..];
+        let Some(end) = rest.find(')') else { continue };
+        let target = rest[..end].split('#').next().unwrap_or_default();
+        if target.is_empty() || target.contains("://") || target.contains(' ') {
+            continue;
+        }
+        out.insert(target.to_string());
+    }
+    out
+}
+
+/// A picture or file an installed doc links to (`![...](img/dashboard.png)`) is installed beside
+/// it: the guide on a node must not show a broken image (issue 39 item 9).
+#[test]
+fn every_file_an_installed_doc_links_to_is_installed() {
+    let shipped = stock_package();
+    let dests: BTreeSet<&str> = shipped.iter().map(|(_, d)| d.as_str()).collect();
+    let mut missing = Vec::new();
+    for (source, dest) in &shipped {
+        let Some(doc) = dest.strip_prefix(DOC_DIR) else {
+            continue;
+        };
+        if !doc.ends_with(".md") || doc.contains('/') {
+            continue;
+        }
+        let text = std::fs::read_to_string(source).expect("an installed doc");
+        for target in relative_links(&text) {
+            // A doc names a source file of the repository (`../packaging/...`) as a repo link;
+            // those are checked by the repository's link check, not installed.
+            if target.starts_with("../") || target.ends_with(".md") {
+                continue;
+            }
+            if !dests.contains(format!("{DOC_DIR}{target}").as_str()) {
+                missing.push(format!(
+                    "{doc} links to {target}, which the .deb does not install at /{DOC_DIR}{target}"
+                ));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+/// cargo-deb replaces the `#DEBHELPER#` marker wherever it appears in a maintainer script,
+/// comments included: a second one ran the generated stop step twice and left a stray line
+/// (issue 39 item 9). Each script names the marker once, on a line of its own.
+#[test]
+fn each_maintainer_script_names_the_debhelper_marker_once() {
+    let marker = "#DEBHELPER#";
+    for script in ["preinst", "postinst", "prerm", "postrm"] {
+        let path = repo().join("packaging").join(script);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(marker)).collect();
+        assert_eq!(
+            lines,
+            [marker],
+            "{}: the marker must appear exactly once, alone on its line",
+            path.display()
+        );
+    }
+}
