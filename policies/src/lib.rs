@@ -43,7 +43,7 @@ pub use policy::{
 };
 pub use pool::{DeviceSelector, FamilyConfig, FamilyKind, PoolConfig, ProfileConfig};
 pub use prefer::Candidate;
-pub use refusal::{PolicyError, Refusal, RefusalContext, RefusalReason};
+pub use refusal::{PolicyError, PoolFree, Refusal, RefusalContext, RefusalReason};
 pub use registry::{PolicyFactory, Registry};
 pub use shared::{MAX_REPLICAS, shared};
 pub use sliced::{MAX_SLOTS, sliced};

@@ -12,7 +12,8 @@ const CONTEXT_DEVICES: usize = 8;
 use crate::{
     Allocation, Ask, ClaimRequest, ClaimUid, ContainerEdits, ContainerUpdate, CountRequest, CpuSet,
     Device, FamilyKind, Grant, Inventory, NamedResult, Near, Outcome, Policy, PolicyError,
-    PoolConfig, PoolRequest, PublishedDevice, Refusal, RefusalReason, Registry, UnitResult,
+    PoolConfig, PoolFree, PoolRequest, PublishedDevice, Refusal, RefusalReason, Registry,
+    UnitResult,
 };
 
 /// One pool: its config and its policy.
@@ -167,7 +168,7 @@ impl Node {
                 for p in pools {
                     self.pools[p].policy.release(&req.uid);
                 }
-                return Err(refusal);
+                return Err(self.name_what_is_free(refusal));
             }
         };
         self.shared = self.shared.difference(&cpus);
@@ -306,6 +307,47 @@ impl Node {
         };
         grants.extend(self.pools[p].policy.allocate(uid, &request)?);
         Ok(())
+    }
+
+    /// `refusal` with what the device's pool has free now when it is about a held device (after
+    /// the claim's own partial grants were given back): the caller learns where to go instead of
+    /// only who is in the way.
+    fn name_what_is_free(&self, refusal: Refusal) -> Refusal {
+        if !matches!(refusal.reason, RefusalReason::HeldByOther { .. }) {
+            return refusal;
+        }
+        let Some(&p) = refusal
+            .device
+            .as_deref()
+            .and_then(|d| self.device_pool.get(d))
+        else {
+            return refusal;
+        };
+        let snapshot = self.pools[p].policy.snapshot();
+        let with_room: Vec<_> = snapshot
+            .devices
+            .iter()
+            .filter(|d| d.units_used < d.units_total)
+            .collect();
+        let mut free: Vec<String> = with_room
+            .iter()
+            .take(CONTEXT_DEVICES)
+            .map(|d| {
+                if d.units_total > 1 {
+                    let left = d.units_total - d.units_used;
+                    format!("{} ({left} of {} units)", d.id, d.units_total)
+                } else {
+                    d.id.clone()
+                }
+            })
+            .collect();
+        if with_room.len() > CONTEXT_DEVICES {
+            free.push(format!("{} more", with_room.len() - CONTEXT_DEVICES));
+        }
+        refusal.with_pool_free(PoolFree {
+            pool: snapshot.name,
+            free,
+        })
     }
 
     fn take_count(

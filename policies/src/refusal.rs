@@ -17,6 +17,21 @@ pub struct Refusal {
     pub device: Option<String>,
     /// Why.
     pub reason: RefusalReason,
+    /// For a device held by another claim: what the device's pool has free now, so that the
+    /// sentence says where the caller can go instead ([`Refusal::with_pool_free`]). Boxed, as a
+    /// refusal travels in every `Result` of the allocator.
+    pub pool_free: Option<Box<PoolFree>>,
+}
+
+/// What a pool has free when one of its devices was refused as held: the devices with at least
+/// one free unit, each with its free units when it has more than one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolFree {
+    /// The pool.
+    pub pool: String,
+    /// `gpu2` for a free whole device, `gpu1 (1 of 2 units)` for a device partly held; empty
+    /// when nothing is free.
+    pub free: Vec<String>,
 }
 
 /// What the node has now that explains a refusal, appended to its sentence: short clauses such
@@ -142,7 +157,17 @@ impl Refusal {
             claim: claim.to_string(),
             device: device.map(str::to_string),
             reason,
+            pool_free: None,
         }
+    }
+
+    /// The same refusal with what the device's pool has free appended to its sentence (for a
+    /// device held by another claim; other reasons name what they need already).
+    pub fn with_pool_free(mut self, pool_free: PoolFree) -> Self {
+        if matches!(self.reason, RefusalReason::HeldByOther { .. }) {
+            self.pool_free = Some(Box::new(pool_free));
+        }
+        self
     }
 
     /// The same refusal with `context` appended to its sentence (for a count that cannot be
@@ -164,6 +189,13 @@ impl fmt::Display for Refusal {
         } = &self.reason
         {
             write!(f, ": {}", context.0.join("; "))?;
+        }
+        if let Some(p) = &self.pool_free {
+            if p.free.is_empty() {
+                write!(f, "; pool {} has no free device now", p.pool)?;
+            } else {
+                write!(f, "; free in pool {}: {}", p.pool, p.free.join(", "))?;
+            }
         }
         Ok(())
     }

@@ -361,7 +361,8 @@ fn adoption_marks_devices_in_use() {
     let refused = n.allocate(&named("a", &[("gpus", "gpus-g0")])).unwrap_err();
     assert_eq!(
         refused.to_string(),
-        "claim a refused: device g0 is held by claim adopted-c1 until that claim is unprepared"
+        "claim a refused: device g0 is held by claim adopted-c1 until that claim is unprepared; \
+         pool gpus has no free device now"
     );
     let out = n.adopt("adopted-c1", "g1").unwrap();
     assert_eq!(out.allocation.results.len(), 2);

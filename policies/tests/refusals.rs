@@ -43,10 +43,25 @@ fn held_by_other() {
     );
     assert_eq!(
         r.to_string(),
-        "claim c2 refused: device g0 is held by claim c1 until that claim is unprepared"
+        "claim c2 refused: device g0 is held by claim c1 until that claim is unprepared; \
+         free in pool gpus: g1, g2, g3"
     );
-    // The first result, taken before the refusal, was given back.
+    // The first result, taken before the refusal, was given back (and so is named free).
     assert!(n.holder_of("g1").is_empty());
+}
+
+#[test]
+fn held_by_other_says_when_the_pool_has_nothing_free() {
+    let mut n = gpus();
+    for (i, g) in ["gpus-g0", "gpus-g1", "gpus-g2", "gpus-g3"].iter().enumerate() {
+        n.allocate(&named(&format!("c{i}"), &[("gpus", g)])).unwrap();
+    }
+    let r = refused(&mut n, &named("late", &[("gpus", "gpus-g2")]));
+    assert_eq!(
+        r.to_string(),
+        "claim late refused: device g2 is held by claim c2 until that claim is unprepared; \
+         pool gpus has no free device now"
+    );
 }
 
 #[test]
@@ -404,7 +419,8 @@ fn exact_units_refusals_name_the_unit_and_the_holder() {
     let r = refused(&mut n, &exact("dp2", &[("shared", "g2", share(2))]));
     assert_eq!(
         r.to_string(),
-        "claim dp2 refused: device g2 is held by claim dp1 until that claim is unprepared"
+        "claim dp2 refused: device g2 is held by claim dp1 until that claim is unprepared; \
+         free in pool shared: g2 (3 of 4 units), g3 (4 of 4 units)"
     );
     // Another replica of the same device is free.
     n.allocate(&exact("dp2", &[("shared", "g2", share(3))]))

@@ -63,7 +63,8 @@ fn spreads_results_over_numa_nodes() {
     let r = n.allocate(&named("c", &[("wide", "wide-g2")])).unwrap_err();
     assert_eq!(
         r.to_string(),
-        "claim c refused: device g2 is held by claim a until that claim is unprepared"
+        "claim c refused: device g2 is held by claim a until that claim is unprepared; \
+         free in pool wide: g1, g3"
     );
     // Restoring from the records gives the same state.
     let records: Vec<_> = n.allocations().cloned().collect();
