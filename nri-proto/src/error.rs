@@ -97,6 +97,11 @@ pub fn describe_ttrpc(e: &ttrpc::Error) -> String {
         }
         ttrpc::Error::Socket(m) => format!("the connection failed: {m}"),
         ttrpc::Error::Eof => "the connection closed".to_string(),
+        // ttrpc's words for a call whose deadline passed with no answer.
+        ttrpc::Error::Others(m) if m == "Request deadline elapsed" => {
+            "the peer accepted the connection but gave no answer before the call's deadline"
+                .to_string()
+        }
         ttrpc::Error::Others(m) => m.clone(),
         other => other.to_string(),
     }

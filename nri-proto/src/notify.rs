@@ -32,6 +32,10 @@ pub enum StubEvent {
     Disconnected {
         /// Why.
         reason: String,
+        /// Whether the runtime answered RegisterPlugin on this connection. `false` for an attempt
+        /// that never opened (a runtime that accepts the socket but does not answer): nothing was
+        /// lost, and a subscriber should not report it as a lost connection.
+        registered: bool,
     },
 }
 

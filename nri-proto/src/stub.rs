@@ -35,6 +35,7 @@ pub struct StubBuilder {
     stream: Option<StdUnixStream>,
     env_error: Option<StubError>,
     backoff: Option<(Duration, Duration)>,
+    call_timeout: Option<Duration>,
 }
 
 impl StubBuilder {
@@ -89,6 +90,14 @@ impl StubBuilder {
         self
     }
 
+    /// How long RegisterPlugin may go unanswered before the attempt fails and is retried
+    /// (default 5 s). A runtime that accepts the socket but never answers costs this much per
+    /// attempt.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = Some(timeout);
+        self
+    }
+
     /// Validates the name and index and builds the stub.
     pub fn build(self) -> Result<Stub, StubError> {
         if let Some(e) = self.env_error {
@@ -109,6 +118,7 @@ impl StubBuilder {
             backoff: self
                 .backoff
                 .unwrap_or((Duration::from_millis(100), Duration::from_secs(5))),
+            call_timeout: self.call_timeout.unwrap_or(CALL_TIMEOUT),
             notify: Notifier::new(tx),
             updater: Updater {
                 client: Arc::new(Mutex::new(None)),
@@ -187,6 +197,7 @@ pub struct Stub {
     socket: Option<PathBuf>,
     stream: Mutex<Option<StdUnixStream>>,
     backoff: (Duration, Duration),
+    call_timeout: Duration,
     notify: Notifier,
     updater: Updater,
     close: watch::Sender<bool>,
@@ -219,13 +230,28 @@ impl Stub {
         let (min, max) = self.backoff;
         let mut delay = min;
         let mut closed = self.close.subscribe();
+        // The failure last reported: the same failure again is not news, so a runtime that keeps
+        // refusing (or never answering) gives one line per change, not one per attempt.
+        let mut reported: Option<String> = None;
         loop {
             let inherited = self.socket.is_none();
             match self.connect_once(plugin.clone()).await {
-                Ok(()) => delay = min,
+                Ok(()) => {
+                    delay = min;
+                    reported = None;
+                }
                 Err(e) if inherited => return Err(e),
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?delay, "NRI connection attempt failed");
+                    let text = e.to_string();
+                    if reported.as_deref() == Some(text.as_str()) {
+                        tracing::debug!(error = %text, retry_in = ?delay, "NRI connection attempt failed again");
+                    } else {
+                        tracing::warn!(
+                            "cannot register with the runtime: {text}; retrying every {max:?} at \
+                             most, said again only if the failure changes"
+                        );
+                        reported = Some(text);
+                    }
                 }
             }
             if *closed.borrow() || inherited {
@@ -265,7 +291,7 @@ impl Stub {
         req.plugin_name = self.name.clone();
         req.plugin_idx = self.index.clone();
         req.NRI_version = NRI_VERSION.to_string();
-        let ctx = ttrpc::context::with_timeout(CALL_TIMEOUT.as_nanos() as i64);
+        let ctx = ttrpc::context::with_timeout(self.call_timeout.as_nanos() as i64);
         let mut closed = mux.closed();
         let mut close = self.close.subscribe();
         let result = tokio::select! {
@@ -296,6 +322,7 @@ impl Stub {
         let _ = server.await;
         self.notify.send(StubEvent::Disconnected {
             reason: reason.clone(),
+            registered: result.is_ok(),
         });
         result?;
         if configured || *self.close.borrow() {

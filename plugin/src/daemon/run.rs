@@ -559,7 +559,7 @@ async fn watch_connection(
                     e.flush_pending().await
                 }));
             }
-            Ok(StubEvent::Disconnected { reason }) => {
+            Ok(StubEvent::Disconnected { reason, registered }) => {
                 engine.set_update_sink(None);
                 // Until the next runtime says which NRI it runs.
                 engine.set_delivery(crate::engine::Delivery::Replies);
@@ -569,8 +569,12 @@ async fn watch_connection(
                 metrics.set_gate_open(false);
                 settling = None;
                 let closed = gate.close();
-                if reconnects {
-                    tracing::warn!(%reason, gate_closed = closed,
+                if !registered {
+                    // An attempt that never opened: the stub says so once per change of failure;
+                    // nothing was lost and the gate was not open.
+                    tracing::debug!(%reason, gate_closed = closed, "NRI connection attempt ended before registration");
+                } else if reconnects {
+                    tracing::warn!(%reason,
                         "NRI connection lost; the gate is closed (claims refused) until the runtime synchronizes again; reconnecting");
                 } else {
                     tracing::warn!(%reason, "NRI connection from the runtime that launched nri-accel closed; exiting");

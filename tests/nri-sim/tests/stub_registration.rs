@@ -5,13 +5,14 @@ mod common;
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use fake_runtime::fixtures::{container, node_state, pod};
 use fake_runtime::{FakeRuntime, RuntimeConfig};
 use nri_proto::api::*;
 use nri_proto::protobuf::MessageField;
-use nri_proto::{EventMask, StubEvent};
+use nri_proto::{EventMask, Stub, StubEvent};
 
 fn mask() -> EventMask {
     EventMask::of(&[
@@ -306,7 +307,11 @@ async fn runtime_restart_makes_the_stub_reconnect_and_resynchronize() {
     rt.add_pod(pd.clone());
     rt.add_container(container(40, &pd, 0));
     rt.restart().await.unwrap();
-    wait_event(&mut events, |e| matches!(e, StubEvent::Disconnected { .. })).await;
+    wait_event(
+        &mut events,
+        |e| matches!(e, StubEvent::Disconnected { registered, .. } if *registered),
+    )
+    .await;
     rt.wait_synchronized(2, HANG_GUARD).await.unwrap();
     let e = wait_event(&mut events, |e| matches!(e, StubEvent::Synchronized { .. })).await;
     assert_eq!(
@@ -409,3 +414,84 @@ async fn a_plugin_missing_the_request_timeout_is_dropped_and_reconnects() {
         .unwrap()
         .unwrap();
 }
+
+/// Log lines written by the thread's default subscriber, for a test on a current-thread runtime.
+#[derive(Clone, Default)]
+struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A runtime that accepts the socket but never answers (issue 39 item 8): every attempt ends at
+/// RegisterPlugin's deadline and is retried. The stub says so once, in words (not ttrpc's
+/// "Request deadline elapsed"), and each ended attempt is reported as never registered, so a
+/// daemon does not call it a lost connection.
+#[tokio::test]
+async fn a_runtime_that_never_answers_is_reported_once_not_per_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nri.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(conn);
+        }
+    });
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let stub = Arc::new(
+        Stub::builder()
+            .name("recorder")
+            .index("10")
+            .socket(&path)
+            .reconnect_backoff(Duration::from_millis(10), Duration::from_millis(20))
+            .call_timeout(Duration::from_millis(50))
+            .build()
+            .unwrap(),
+    );
+    let mut events = stub.subscribe();
+    let s = stub.clone();
+    let run = tokio::spawn(async move { s.run(Recorder::new(mask())).await });
+    for _ in 0..4 {
+        let e = wait_event(&mut events, |e| matches!(e, StubEvent::Disconnected { .. })).await;
+        assert!(
+            matches!(e, StubEvent::Disconnected { registered: false, .. }),
+            "{e:?}"
+        );
+    }
+    stub.close();
+    tokio::time::timeout(HANG_GUARD, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    silent.abort();
+    assert!(accepted.load(std::sync::atomic::Ordering::SeqCst) >= 4);
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "one line for one state, not one per attempt:\n{text}");
+    assert!(
+        warnings[0].contains("cannot register with the runtime")
+            && warnings[0].contains("RegisterPlugin")
+            && warnings[0].contains("gave no answer before the call's deadline"),
+        "{text}"
+    );
+    assert!(!text.contains("Request deadline elapsed"), "{text}");
+}
+
