@@ -170,7 +170,7 @@ pub enum PreflightError {
     },
     /// The directory's mode or owner lets another user create or replace files in it.
     #[error(
-        "{role} {path} is not safe to use: {why}, so another user could plant {what} in it. nri-accel changes nothing and does not start: check what is in it, then make it root's and not writable by group or others (chown root:root {path} && chmod go-w {path}) and start again"
+        "{role} {path} is not safe to use: {why}, so another user could plant {what} in it. nri-accel changes nothing and does not start: check what is in it, then {fix} and start again"
     )]
     Unsafe {
         /// Which directory.
@@ -181,6 +181,8 @@ pub enum PreflightError {
         why: String,
         /// What could be planted.
         what: &'static str,
+        /// What makes it safe for the user nri-accel runs as ([`ownership_fix`]).
+        fix: String,
     },
     /// The directory is a symbolic link.
     #[error(
@@ -300,6 +302,22 @@ pub fn unsafe_dir(mode: u32, owner: u32, euid: u32) -> Option<String> {
     }
 }
 
+/// What makes `path` safe for a daemon running as `euid`: owned by that user and not writable by
+/// group or others. Root's own fix names root; another user's names that user's uid (a daemon
+/// run as a user other than root cannot use a directory made root's).
+pub fn ownership_fix(path: &Path, euid: u32) -> String {
+    let path = path.display();
+    if euid == 0 {
+        format!(
+            "make it root's and not writable by group or others (chown root:root {path} && chmod go-w {path})"
+        )
+    } else {
+        format!(
+            "make it owned by uid {euid}, the user nri-accel runs as, and not writable by group or others (chown {euid} {path} && chmod go-w {path})"
+        )
+    }
+}
+
 /// Refuses a directory whose owner or mode would let another user plant files (see
 /// [`unsafe_dir`]); repairing it would hide what may already have been planted.
 fn check_owner_and_mode(
@@ -320,6 +338,7 @@ fn check_owner_and_mode(
                 DirRole::Cdi => "a CDI spec (a device grant the runtime honours)",
                 DirRole::ClaimsSocket => "a socket in place of the claims API's",
             },
+            fix: ownership_fix(dir, euid),
         }),
     }
 }

@@ -271,6 +271,15 @@ fn a_dir_others_may_write_in_is_refused_and_left_as_it_is() {
         assert!(text.contains(&host.p(dir).display().to_string()), "{text}");
         assert!(text.contains(says), "{dir}: {text}");
         assert!(text.contains("chmod go-w"), "{text}");
+        // The fix is for the user the daemon runs as: root's dir for root, its own for another
+        // user, who could not use a dir made root's (issue 39 item 8).
+        let euid = nix::unistd::geteuid().as_raw();
+        if euid == 0 {
+            assert!(text.contains("make it root's"), "{text}");
+        } else {
+            assert!(text.contains(&format!("chown {euid} ")), "{text}");
+            assert!(!text.contains("root's") && !text.contains("root:root"), "{text}");
+        }
         let after = std::fs::metadata(host.p(dir)).unwrap().permissions().mode() & 0o7777;
         assert_eq!(after, mode, "{dir}: not repaired");
     }
@@ -283,6 +292,13 @@ fn a_dir_owned_by_another_user_is_refused() {
     assert_eq!(unsafe_dir(0o40700, 1000, 1000), None);
     let why = unsafe_dir(0o40755, 1000, 0).unwrap();
     assert!(why.contains("owned by uid 1000, not by uid 0"), "{why}");
+    let dir = std::path::Path::new("/var/lib/nri-accel");
+    let root = nri_accel::preflight::ownership_fix(dir, 0);
+    assert!(root.contains("chown root:root /var/lib/nri-accel"), "{root}");
+    let user = nri_accel::preflight::ownership_fix(dir, 1000);
+    assert!(user.contains("owned by uid 1000"), "{user}");
+    assert!(user.contains("chown 1000 /var/lib/nri-accel"), "{user}");
+    assert!(!user.contains("root"), "{user}");
 }
 
 /// For real: a dir handed to another uid. Only root may give a file away (`.ci/run` runs the
