@@ -210,7 +210,11 @@ async fn a_value_of_the_wrong_type_names_its_field_and_what_is_expected() {
     let cases = [
         (
             "claims_api:\n  max_message_bytes: lots\n",
-            "2:22: claims_api.max_message_bytes: expected a whole number from 0 to 4294967295",
+            "2:22: claims_api.max_message_bytes: expected a whole number from 4096 to 67108864",
+        ),
+        (
+            "pools:\n- name: s\n  family:\n    kind: shared\n    replicas: many\n",
+            "5:5: pools[0].family.replicas: expected a whole number from 1 to 4294967295",
         ),
         (
             "discovery:\n  cpus: \"0-3,x\"\n",

@@ -175,6 +175,16 @@ fn syntax_error(e: &serde_saphyr::Error, text: &str, origin: &str) -> ConfigErro
                     .flatten()
             && let Some(field) = tree.path_at(at)
         {
+            // The type's range is wider than some fields accept: say the field's own.
+            if message.starts_with("expected a whole number from ")
+                && let Some(range) = validate::field_range(&field)
+            {
+                let found = message.split_once(", found ").map(|(_, f)| f.to_string());
+                message = format!("expected a whole number from {range}");
+                if let Some(found) = found {
+                    message.push_str(&format!(", found {found}"));
+                }
+            }
             message = format!("{field}: {message}");
         }
     }

@@ -381,3 +381,20 @@ fn pools(pools: &[PoolConfig]) -> Checked {
     }
     Ok(())
 }
+
+/// The range of whole numbers the field at `path` (`claims_api.max_message_bytes`,
+/// `pools[0].family.replicas`) accepts, where it is narrower than its type's: a value of the
+/// wrong type is then answered with the field's range, not the type's.
+pub(super) fn field_range(path: &str) -> Option<String> {
+    let last = path.rsplit('.').next().unwrap_or(path);
+    let range = match (path, last) {
+        ("claims_api.max_message_bytes", _) => format!("4096 to {MAX_MESSAGE_LIMIT}"),
+        ("claims_api.max_connections", _) => format!("1 to {MAX_CONNECTIONS}"),
+        (p, "replicas") if p.starts_with("pools[") => "1 to 4294967295".to_string(),
+        (p, "slots") if p.starts_with("pools[") => format!("1 to {}", policies::MAX_SLOTS),
+        (p, "compute_percent_per_share") if p.starts_with("pools[") => "0 to 100".to_string(),
+        _ => return None,
+    };
+    Some(range)
+}
+
