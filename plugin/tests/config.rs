@@ -27,6 +27,28 @@ fn packaged_config_parses_validates_and_equals_the_defaults() {
     );
 }
 
+/// The shipped file's comment on `nri.cdi_injection` says what the binary does (every value gives
+/// device nodes) and never promises CDI device names for any value (issue 39 item 8).
+#[test]
+fn packaged_config_says_what_cdi_injection_does() {
+    let text = std::fs::read_to_string(packaged()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("cdi_injection:"))
+        .expect("the shipped config sets nri.cdi_injection");
+    let start = lines[..at]
+        .iter()
+        .rposition(|l| !l.trim_start().starts_with('#'))
+        .map_or(0, |i| i + 1);
+    let comment = lines[start..at].join("\n");
+    assert!(comment.contains("every value gives the same"), "{comment}");
+    assert!(comment.contains("never CDI"), "{comment}");
+    for promise in ["always CDI device names", "CDI device names where"] {
+        assert!(!comment.contains(promise), "{comment}");
+    }
+}
+
 #[test]
 fn packaged_config_examples_parse_when_uncommented() {
     // The commented examples must stay valid: uncomment the pool examples

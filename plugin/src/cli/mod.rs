@@ -67,8 +67,8 @@ pub enum Command {
     Prepare {
         /// Claim UID.
         uid: String,
-        /// Devices wanted.
-        #[arg(long, default_value_t = 1)]
+        /// Devices wanted (1 or more; 0 is refused before the daemon is asked).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         count: u32,
         /// Family: exclusive (the default), shared, sliced, or the name of a policy this build
         /// registers for `kind: custom` pools.
