@@ -12,6 +12,8 @@
 //!   inode), each line starts with the syslog priority (`<4>` for a warning), which journald turns
 //!   into the entry's PRIORITY and strips from the message, and text lines carry no timestamp of
 //!   their own (the journal stamps each entry). A JSON line stays pure JSON in the journal.
+//! - **Words, not numbers**: the `(os error N)` that Rust's I/O errors append is taken out of
+//!   every line ([`without_os_error_codes`]): each message already names what failed in words.
 
 use std::io::IsTerminal;
 
@@ -73,7 +75,7 @@ impl LogSettings {
         let installed = match self.format {
             LogFormat::Json => tracing_subscriber::fmt()
                 .with_env_filter(filter)
-                .with_writer(std::io::stderr)
+                .with_writer(|| PlainStderr)
                 .with_ansi(false)
                 .fmt_fields(format::JsonFields::new())
                 .event_format(Prefixed {
@@ -88,7 +90,7 @@ impl LogSettings {
                 .try_init(),
             LogFormat::Text if journal => tracing_subscriber::fmt()
                 .with_env_filter(filter)
-                .with_writer(std::io::stderr)
+                .with_writer(|| PlainStderr)
                 .with_ansi(false)
                 .event_format(Prefixed {
                     journal,
@@ -97,7 +99,7 @@ impl LogSettings {
                 .try_init(),
             LogFormat::Text => tracing_subscriber::fmt()
                 .with_env_filter(filter)
-                .with_writer(std::io::stderr)
+                .with_writer(|| PlainStderr)
                 .with_ansi(self.ansi)
                 .with_target(false)
                 .try_init(),
@@ -164,3 +166,67 @@ where
         self.inner.format_event(ctx, writer, event)
     }
 }
+
+/// `text` without the ` (os error N)` suffixes that Rust's I/O errors add to their words
+/// (`Permission denied (os error 13)` becomes `Permission denied`): the number means nothing to
+/// an operator, and every message of ours says what failed and what to do.
+pub fn without_os_error_codes(text: &str) -> String {
+    const MARK: &str = " (os error ";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(MARK) {
+        let after = &rest[at + MARK.len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && after[digits..].starts_with(')') {
+            out.push_str(&rest[..at]);
+            rest = &after[digits + 1..];
+        } else {
+            out.push_str(&rest[..at + MARK.len()]);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Standard error, each formatted log line written with [`without_os_error_codes`] applied
+/// (tracing's formatter hands over one whole event per write).
+struct PlainStderr;
+
+impl std::io::Write for PlainStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut err = std::io::stderr().lock();
+        match std::str::from_utf8(buf) {
+            Ok(text) if text.contains(" (os error ") => {
+                err.write_all(without_os_error_codes(text).as_bytes())?;
+            }
+            _ => err.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_os_error_codes;
+
+    #[test]
+    fn os_error_codes_are_taken_out_and_nothing_else() {
+        assert_eq!(
+            without_os_error_codes("cannot open /x: Permission denied (os error 13); fix it"),
+            "cannot open /x: Permission denied; fix it"
+        );
+        assert_eq!(
+            without_os_error_codes("a (os error 2) and b (os error 110)"),
+            "a and b"
+        );
+        for kept in ["no error here", "a (os error x)", "a (os error 12", "(os error 5)"] {
+            assert_eq!(without_os_error_codes(kept), kept);
+        }
+    }
+}
+

@@ -9,8 +9,16 @@ use std::io::Write;
 
 use e2e_common::*;
 
-/// Text that only a Rust Debug form puts in a message.
-const DEBUG_FORMS: [&str; 5] = ["Some(", "Ok(", "Err(", "{ ", "special_fields"];
+/// Text that only a Rust Debug form puts in a message, and the errno suffix of Rust's I/O errors
+/// (`(os error 2)`), which the binary takes out of what it prints (issue 39 item 8).
+const DEBUG_FORMS: [&str; 6] = [
+    "Some(",
+    "Ok(",
+    "Err(",
+    "{ ",
+    "special_fields",
+    "(os error ",
+];
 
 /// What the binary printed for each case, by name.
 #[derive(Default)]
@@ -68,6 +76,17 @@ async fn messages_say_what_happened_and_carry_no_debug_forms() {
     assert_eq!(text.matches("start nri-accel").count(), 1, "{text}");
     let (_, out, err) = node.cli(&["prepare", "c0"]).await;
     seen.add("prepare without a daemon", out + &err);
+    // A count of 0 is refused by the command line itself, before it looks for a daemon
+    // (issue 39 item 8): the words are about the count, not the socket.
+    let (st, out, err) = node.cli(&["prepare", "c0", "--count", "0"]).await;
+    assert_eq!(st.code(), Some(2), "{out}{err}");
+    let text = seen.add("prepare --count 0", out + &err);
+    assert!(text.contains("--count"), "{text}");
+    assert!(text.contains("1..="), "{text}");
+    assert!(
+        !text.contains(&node.claims_socket.display().to_string()),
+        "{text}"
+    );
 
     let (_, out, err) = node.cli(&["check-config", "--strict"]).await;
     seen.add("check-config", out + &err);

@@ -107,7 +107,10 @@ fn main_inner(registry: Registry, demo: Option<(DemoFn, fn())>) -> ExitCode {
             Ok(loaded) => Some(loaded),
             Err(e) => {
                 LogSettings::decide(cli.log.as_deref(), None).install();
-                eprintln!("nri-accel: {e}");
+                eprintln!(
+                    "nri-accel: {}",
+                    crate::logging::without_os_error_codes(&e.to_string())
+                );
                 return ExitCode::FAILURE;
             }
         },
@@ -205,5 +208,5 @@ pub fn error_chain(e: &anyhow::Error) -> String {
         }
         out.push_str(&text);
     }
-    out
+    crate::logging::without_os_error_codes(&out)
 }
