@@ -13,8 +13,10 @@ use crate::ClaimUid;
 pub struct Refusal {
     /// The refused claim.
     pub claim: ClaimUid,
-    /// The device concerned, when there is one (device id or published name).
-    pub device: Option<String>,
+    /// The device concerned, when there is one (device id or published name). A `Box<str>`
+    /// rather than a `String`: a refusal travels in every `Result` of the allocator, and it is
+    /// kept within 128 bytes.
+    pub device: Option<Box<str>>,
     /// Why.
     pub reason: RefusalReason,
     /// For a device held by another claim: what the device's pool has free now, so that the
@@ -155,7 +157,7 @@ impl Refusal {
     pub fn new(claim: &str, device: Option<&str>, reason: RefusalReason) -> Self {
         Refusal {
             claim: claim.to_string(),
-            device: device.map(str::to_string),
+            device: device.map(Box::from),
             reason,
             pool_free: None,
         }

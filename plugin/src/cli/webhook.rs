@@ -3,13 +3,20 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+#[cfg(feature = "tls")]
 use std::sync::Arc;
+#[cfg(feature = "tls")]
 use std::time::Duration;
 
+#[cfg(feature = "tls")]
 use crate::kube::{DEFAULT_CALL_TIMEOUT, KubeClient};
+#[cfg(feature = "tls")]
 use crate::webhook::check::Rules;
+#[cfg(feature = "tls")]
 use crate::webhook::fleet::{Capacity, Fleet};
+#[cfg(feature = "tls")]
 use crate::webhook::tls::Certificates;
+#[cfg(feature = "tls")]
 use crate::webhook::{State, serve};
 
 /// Where the webhook learns what devices the nodes have.
@@ -42,8 +49,22 @@ pub struct WebhookArgs {
     pub capacity_refresh_secs: u64,
 }
 
+/// A build without the `tls` feature (the demo build) has no HTTPS server: it says so.
+#[cfg(not(feature = "tls"))]
+pub async fn run(
+    _config_path: &Path,
+    _args: WebhookArgs,
+    _registry: &policies::Registry,
+) -> anyhow::Result<ExitCode> {
+    anyhow::bail!(
+        "this build of nri-accel has no TLS (the demo build leaves it out), so it cannot serve \
+         the webhook: run the shipped binary (cargo build --release -p nri-accel)"
+    )
+}
+
 /// Runs the webhook until SIGTERM or SIGINT, judging asks with the policies of `registry`
 /// (the nodes' build should register the same).
+#[cfg(feature = "tls")]
 pub async fn run(
     config_path: &Path,
     args: WebhookArgs,

@@ -7,15 +7,19 @@
 //! Everything else, pods without accelerator annotations first, is admitted untouched.
 //!
 //! [`review`] decodes AdmissionReview v1 and writes the answer, [`check`] decides, [`fleet`]
-//! keeps what the nodes publish, [`tls`] the certificate (reloaded when its files change) and
-//! [`server`] the HTTPS server. docs/webhook.md is the operator's side.
+//! keeps what the nodes publish, `tls` the certificate (reloaded when its files change) and
+//! `server` the HTTPS server, both only in a build with the `tls` feature (every shipped one).
+//! docs/webhook.md is the operator's side.
 
 pub mod check;
 mod error;
 pub mod fleet;
 pub mod review;
+#[cfg(feature = "tls")]
 pub mod server;
+#[cfg(feature = "tls")]
 pub mod tls;
 
 pub use error::WebhookError;
+#[cfg(feature = "tls")]
 pub use server::{State, WebhookServer, serve};
