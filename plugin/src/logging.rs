@@ -224,9 +224,13 @@ mod tests {
             without_os_error_codes("a (os error 2) and b (os error 110)"),
             "a and b"
         );
-        for kept in ["no error here", "a (os error x)", "a (os error 12", "(os error 5)"] {
+        for kept in [
+            "no error here",
+            "a (os error x)",
+            "a (os error 12",
+            "(os error 5)",
+        ] {
             assert_eq!(without_os_error_codes(kept), kept);
         }
     }
 }
-

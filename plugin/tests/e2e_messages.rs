@@ -11,14 +11,7 @@ use e2e_common::*;
 
 /// Text that only a Rust Debug form puts in a message, and the errno suffix of Rust's I/O errors
 /// (`(os error 2)`), which the binary takes out of what it prints (issue 39 item 8).
-const DEBUG_FORMS: [&str; 6] = [
-    "Some(",
-    "Ok(",
-    "Err(",
-    "{ ",
-    "special_fields",
-    "(os error ",
-];
+const DEBUG_FORMS: [&str; 6] = ["Some(", "Ok(", "Err(", "{ ", "special_fields", "(os error "];
 
 /// What the binary printed for each case, by name.
 #[derive(Default)]

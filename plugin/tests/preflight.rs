@@ -278,7 +278,10 @@ fn a_dir_others_may_write_in_is_refused_and_left_as_it_is() {
             assert!(text.contains("make it root's"), "{text}");
         } else {
             assert!(text.contains(&format!("chown {euid} ")), "{text}");
-            assert!(!text.contains("root's") && !text.contains("root:root"), "{text}");
+            assert!(
+                !text.contains("root's") && !text.contains("root:root"),
+                "{text}"
+            );
         }
         let after = std::fs::metadata(host.p(dir)).unwrap().permissions().mode() & 0o7777;
         assert_eq!(after, mode, "{dir}: not repaired");
@@ -294,7 +297,10 @@ fn a_dir_owned_by_another_user_is_refused() {
     assert!(why.contains("owned by uid 1000, not by uid 0"), "{why}");
     let dir = std::path::Path::new("/var/lib/nri-accel");
     let root = nri_accel::preflight::ownership_fix(dir, 0);
-    assert!(root.contains("chown root:root /var/lib/nri-accel"), "{root}");
+    assert!(
+        root.contains("chown root:root /var/lib/nri-accel"),
+        "{root}"
+    );
     let user = nri_accel::preflight::ownership_fix(dir, 1000);
     assert!(user.contains("owned by uid 1000"), "{user}");
     assert!(user.contains("chown 1000 /var/lib/nri-accel"), "{user}");

@@ -53,8 +53,12 @@ fn held_by_other() {
 #[test]
 fn held_by_other_says_when_the_pool_has_nothing_free() {
     let mut n = gpus();
-    for (i, g) in ["gpus-g0", "gpus-g1", "gpus-g2", "gpus-g3"].iter().enumerate() {
-        n.allocate(&named(&format!("c{i}"), &[("gpus", g)])).unwrap();
+    for (i, g) in ["gpus-g0", "gpus-g1", "gpus-g2", "gpus-g3"]
+        .iter()
+        .enumerate()
+    {
+        n.allocate(&named(&format!("c{i}"), &[("gpus", g)]))
+            .unwrap();
     }
     let r = refused(&mut n, &named("late", &[("gpus", "gpus-g2")]));
     assert_eq!(

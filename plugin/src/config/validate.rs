@@ -397,4 +397,3 @@ pub(super) fn field_range(path: &str) -> Option<String> {
     };
     Some(range)
 }
-

@@ -471,7 +471,13 @@ async fn a_runtime_that_never_answers_is_reported_once_not_per_attempt() {
     for _ in 0..4 {
         let e = wait_event(&mut events, |e| matches!(e, StubEvent::Disconnected { .. })).await;
         assert!(
-            matches!(e, StubEvent::Disconnected { registered: false, .. }),
+            matches!(
+                e,
+                StubEvent::Disconnected {
+                    registered: false,
+                    ..
+                }
+            ),
             "{e:?}"
         );
     }
@@ -485,7 +491,11 @@ async fn a_runtime_that_never_answers_is_reported_once_not_per_attempt() {
     assert!(accepted.load(std::sync::atomic::Ordering::SeqCst) >= 4);
     let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
     let warnings: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
-    assert_eq!(warnings.len(), 1, "one line for one state, not one per attempt:\n{text}");
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one line for one state, not one per attempt:\n{text}"
+    );
     assert!(
         warnings[0].contains("cannot register with the runtime")
             && warnings[0].contains("RegisterPlugin")
@@ -494,4 +504,3 @@ async fn a_runtime_that_never_answers_is_reported_once_not_per_attempt() {
     );
     assert!(!text.contains("Request deadline elapsed"), "{text}");
 }
-
