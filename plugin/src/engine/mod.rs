@@ -23,6 +23,7 @@ mod crash;
 mod device_plugin;
 mod edits;
 mod error;
+mod identity;
 mod owners;
 mod pending;
 mod reconcile;
@@ -42,6 +43,7 @@ pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
 pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, Then};
+pub use identity::ClaimName;
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{
@@ -362,6 +364,7 @@ impl Engine {
                 what: "prepared",
             });
         }
+        self.check_name(&req)?;
         let ask = req.ask.clone();
         self.prepare_locked(&req.uid.clone(), origin, Some(ask), env, |node| {
             node.allocate(&req)
@@ -377,6 +380,7 @@ impl Engine {
     ) -> Result<Prepared, EngineError> {
         check_uid(&req.uid)?;
         let _claim = self.claims.lock(&req.uid).await;
+        self.check_name(&req)?;
         let ask = req.ask.clone();
         self.prepare_locked(
             &req.uid.clone(),
@@ -386,6 +390,18 @@ impl Engine {
             |node| node.allocate(&req),
         )
         .await
+    }
+
+    /// Refuses a Prepare of a held UID under another namespace/name (see [`ClaimName`]).
+    /// Called under the claim's lock.
+    fn check_name(&self, req: &ClaimRequest) -> Result<(), EngineError> {
+        let st = self.state();
+        identity::check(
+            &req.uid,
+            st.node.allocation(&req.uid),
+            ClaimName::new(&req.namespace, &req.name),
+            identity::Call::Prepare,
+        )
     }
 
     /// Waits for claim `uid`'s lock: no prepare or unprepare of it runs while the guard lives
@@ -709,9 +725,14 @@ impl Engine {
     /// gate closed after the request was admitted) nothing is released
     /// ([`EngineError::NoLongerAdmitted`]), since `users` then comes from a container map
     /// that misses what the runtime started meanwhile.
+    ///
+    /// `named` is the namespace/name the caller gives with the UID: a claim held under other
+    /// names is not released ([`EngineError::OtherClaim`]; an empty namespace and name release
+    /// by UID alone, see [`ClaimName`]).
     pub async fn unprepare_unused(
         &self,
         uid: &str,
+        named: ClaimName<'_>,
         admitted: impl FnOnce() -> bool,
         users: impl FnOnce() -> Vec<String>,
     ) -> Result<(), EngineError> {
@@ -723,6 +744,12 @@ impl Engine {
                 what: "unprepared",
             });
         }
+        identity::check(
+            uid,
+            self.state().node.allocation(uid),
+            named,
+            identity::Call::Unprepare,
+        )?;
         let users = users();
         if !users.is_empty() {
             return Err(EngineError::InUse {
