@@ -6,10 +6,12 @@
 //! The rules (docs/claims-api.md, "A UID is one claim"):
 //! - A record that names neither a namespace nor a name (adopted claims; records written
 //!   before names were kept) does not know whom it belongs to: any caller's names match it.
-//! - A Prepare matches when its namespace and name equal the record's.
-//! - An Unprepare matches the same way, or when it names neither: a release by UID alone, as
-//!   an operator's `nri-accel unprepare <uid>` asks. The kubelet and DRA drivers always send
-//!   both.
+//! - A Prepare matches when its namespace and name equal the record's: it is answered the
+//!   record's grant, so it must be the record's claim.
+//! - An Unprepare matches when each part it gives equals the record's; a part it leaves empty
+//!   matches any. Naming neither is a release by UID alone, as an operator's
+//!   `nri-accel unprepare <uid>` asks; clients that know a claim's namespace but not its name
+//!   release by those two. The kubelet always sends both.
 
 use policies::Allocation;
 
@@ -69,7 +71,11 @@ pub(super) fn check(
 ) -> Result<(), EngineError> {
     let Some(held) = held else { return Ok(()) };
     let holder = ClaimName::new(&held.namespace, &held.name);
-    if holder.is_empty() || holder == asked || (call == Call::Unprepare && asked.is_empty()) {
+    let part =
+        |given: &str, held: &str| given == held || (call == Call::Unprepare && given.is_empty());
+    if holder.is_empty()
+        || (part(asked.namespace, holder.namespace) && part(asked.name, holder.name))
+    {
         return Ok(());
     }
     let (verb, call_name, todo) = match call {
@@ -122,13 +128,14 @@ mod tests {
     }
 
     #[test]
-    fn other_names_are_refused_and_only_an_unprepare_may_name_none() {
+    fn other_names_are_refused_and_only_an_unprepare_may_leave_parts_empty() {
         let a = held("a", "n1");
         for asked in [
             ClaimName::new("b", "n2"),
             ClaimName::new("b", "n1"),
             ClaimName::new("a", "n2"),
-            ClaimName::new("", "n1"),
+            ClaimName::new("", "n2"),
+            ClaimName::new("b", ""),
         ] {
             for call in [Call::Prepare, Call::Unprepare] {
                 let e = check("x", Some(&a), asked, call).unwrap_err().to_string();
@@ -136,7 +143,20 @@ mod tests {
                 assert!(e.contains(&format!("names it {asked}")), "{e}");
             }
         }
-        assert!(check("x", Some(&a), ClaimName::default(), Call::Unprepare).is_ok());
+        for asked in [
+            ClaimName::default(),
+            ClaimName::new("a", ""),
+            ClaimName::new("", "n1"),
+        ] {
+            assert!(
+                check("x", Some(&a), asked, Call::Unprepare).is_ok(),
+                "{asked}"
+            );
+            assert!(
+                check("x", Some(&a), asked, Call::Prepare).is_err(),
+                "{asked}"
+            );
+        }
         let e = check("x", Some(&a), ClaimName::default(), Call::Prepare)
             .unwrap_err()
             .to_string();

@@ -727,8 +727,8 @@ impl Engine {
     /// that misses what the runtime started meanwhile.
     ///
     /// `named` is the namespace/name the caller gives with the UID: a claim held under other
-    /// names is not released ([`EngineError::OtherClaim`]; an empty namespace and name release
-    /// by UID alone, see [`ClaimName`]).
+    /// names is not released ([`EngineError::OtherClaim`]; a part left empty matches any, so
+    /// an empty namespace and name release by UID alone, see [`ClaimName`]).
     pub async fn unprepare_unused(
         &self,
         uid: &str,
