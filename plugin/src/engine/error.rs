@@ -13,6 +13,8 @@ pub enum Then {
     KeptAsBefore,
     /// An Unprepare did not finish.
     NotReleased,
+    /// An Unprepare failed and left the claim as it was: its spec is in place.
+    StillPrepared,
 }
 
 impl std::fmt::Display for Then {
@@ -22,6 +24,7 @@ impl std::fmt::Display for Then {
             Then::NotGranted => NOT_GRANTED,
             Then::KeptAsBefore => "; the claim stays prepared as it was before this Prepare",
             Then::NotReleased => NOT_RELEASED,
+            Then::StillPrepared => STILL_PREPARED,
         })
     }
 }
@@ -31,6 +34,9 @@ pub const NOT_GRANTED: &str = "; nothing was granted: retry the Prepare once the
 
 /// Ends the error of an Unprepare that did not finish.
 pub const NOT_RELEASED: &str = "; the Unprepare did not finish and the claim may still hold its devices: retry the Unprepare (it is idempotent) until it succeeds";
+
+/// Ends the error of an Unprepare that failed and left the claim as it was (its spec in place).
+pub const STILL_PREPARED: &str = "; nothing was released: the claim stays prepared as it was, its CDI spec in place: retry the Unprepare (it is idempotent) once the cause is fixed";
 
 /// Why a claim operation or the engine's startup failed.
 #[derive(Debug, thiserror::Error)]

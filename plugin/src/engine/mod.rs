@@ -4,9 +4,10 @@
 //! State rules (DESIGN.md, "State: what proves what"; docs/state.md): a record in
 //! the checkpoint says the policy's allocation is committed; a CDI spec says the
 //! claim was granted, and carries the stamp of the commit that created its record.
-//! Prepare is allocate -> commit -> write the stamped spec; unprepare is release
-//! and commit the record's removal together with the container updates the
-//! release made (one commit) -> push the updates -> remove spec. The in-memory
+//! Prepare is allocate -> commit -> write the stamped spec; unprepare is remove
+//! the spec -> release and commit the record's removal together with the
+//! container updates the release made (one commit) -> push the updates
+//! (`unprepare.rs`, which also says what each failure leaves). The in-memory
 //! policy state equals the committed records for every claim nobody is working
 //! on, so a reconciliation that holds a claim's lock sees the truth. Startup
 //! refuses to start when a spec proves a commit the checkpoint no longer holds.
@@ -29,6 +30,7 @@ mod pending;
 mod reconcile;
 mod record;
 mod tally;
+mod unprepare;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,7 +44,7 @@ pub use ask::{ResultRef, check_results, describe, describe_held, describe_holdin
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
-pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, Then};
+pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, STILL_PREPARED, Then};
 pub use identity::ClaimName;
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
@@ -758,40 +760,6 @@ impl Engine {
             });
         }
         self.unprepare_locked(uid).await
-    }
-
-    /// The spec goes before the release: a runtime that is not connected to nri-accel (restarting,
-    /// or between its restart and its Synchronize) starts containers from any spec on disk
-    /// without asking, so a spec that outlived its claim's release could start a container on
-    /// devices the next claim already holds. A crash between the two leaves a record without a
-    /// spec, which the next start rolls back; a spec that cannot be removed leaves the claim
-    /// held.
-    async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
-        let specs = self.specs.clone();
-        let id = uid.to_string();
-        match blocking(uid, move || specs.remove(&id)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(source)) => {
-                self.tally.spec_failed();
-                return Err(EngineError::Spec {
-                    then: Then::NotReleased,
-                    claim: uid.to_string(),
-                    source,
-                });
-            }
-            Err(e) => return Err(self.crash_or(e)),
-        }
-        let held = self.state().node.allocation(uid).is_some();
-        if held {
-            let updates = self.release_committed(uid).await?;
-            self.step(CrashPoint::AfterCheckpoint)?;
-            self.step(CrashPoint::AfterRelease)?;
-            if !updates.is_empty() {
-                self.flush_pending().await;
-            }
-            self.step(CrashPoint::AfterUpdatePush)?;
-        }
-        Ok(())
     }
 
     async fn commit(
