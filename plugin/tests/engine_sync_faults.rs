@@ -1,7 +1,7 @@
 //! An I/O error at every sync point of Prepare and Unprepare (issue 27, item 2): an error
 //! answer to a Prepare means nothing was granted, in memory, on disk and after a restart, and
-//! a retried Prepare is a fresh one; an Unprepare answered with an error is retried until it
-//! succeeds, and then nothing is held.
+//! a retried Prepare is a fresh one; an Unprepare answered with an error leaves the claim as it
+//! was (spec in place), and one that removed the spec finishes (issue 39, item 7).
 
 mod engine_common;
 

@@ -78,21 +78,19 @@ pub enum EngineError {
     /// A Prepare or Unprepare named a held claim UID under another namespace/name than the
     /// claim's: a UID belongs to one claim, so nothing is answered from or done to the holder.
     #[error(
-        "claim {claim} not {verb}: it is held as {held} and this {call} names it {asked}; nothing was changed: a claim UID belongs to one namespace/name, so {todo}"
+        "claim {claim} not {verb}: it is held as {held} and this {call} names it {asked}; nothing was changed: a claim UID belongs to one namespace/name, so {todo}",
+        verb = .call.verb(),
+        todo = .call.todo(.held)
     )]
     OtherClaim {
         /// The claim UID.
         claim: String,
-        /// `prepared` or `unprepared`.
-        verb: &'static str,
+        /// The call refused.
+        call: super::ClaimCall,
         /// The holder's `namespace/name`.
         held: String,
-        /// `Prepare` or `Unprepare`.
-        call: &'static str,
         /// The `namespace/name` the call gave.
         asked: String,
-        /// What to do.
-        todo: String,
     },
     /// The checkpoint could not be written or read.
     #[error("claim {claim}: checkpoint: {source}{then}")]

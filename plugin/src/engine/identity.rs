@@ -52,13 +52,44 @@ impl std::fmt::Display for ClaimName<'_> {
     }
 }
 
-/// Which call asks.
+/// Which call names a claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Call {
+pub enum ClaimCall {
     /// A Prepare (any door).
     Prepare,
     /// An Unprepare from a door that passes names (claims API, kubelet DRA).
     Unprepare,
+}
+
+impl ClaimCall {
+    /// `prepared` or `unprepared`.
+    pub fn verb(self) -> &'static str {
+        match self {
+            ClaimCall::Prepare => "prepared",
+            ClaimCall::Unprepare => "unprepared",
+        }
+    }
+
+    /// What the caller should do when the claim is held as `holder`.
+    pub fn todo(self, holder: &str) -> String {
+        match self {
+            ClaimCall::Prepare => {
+                format!("give that claim a UID of its own, or unprepare {holder} first")
+            }
+            ClaimCall::Unprepare => format!(
+                "unprepare it as {holder}, or by its UID alone (an empty namespace and name, as nri-accel unprepare <uid> does)"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for ClaimCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClaimCall::Prepare => "Prepare",
+            ClaimCall::Unprepare => "Unprepare",
+        })
+    }
 }
 
 /// Refuses `asked` when `held` (the claim's committed allocation, if any) belongs to another
@@ -67,38 +98,23 @@ pub(super) fn check(
     uid: &str,
     held: Option<&Allocation>,
     asked: ClaimName<'_>,
-    call: Call,
+    call: ClaimCall,
 ) -> Result<(), EngineError> {
     let Some(held) = held else { return Ok(()) };
     let holder = ClaimName::new(&held.namespace, &held.name);
-    let part =
-        |given: &str, held: &str| given == held || (call == Call::Unprepare && given.is_empty());
+    let part = |given: &str, held: &str| {
+        given == held || (call == ClaimCall::Unprepare && given.is_empty())
+    };
     if holder.is_empty()
         || (part(asked.namespace, holder.namespace) && part(asked.name, holder.name))
     {
         return Ok(());
     }
-    let (verb, call_name, todo) = match call {
-        Call::Prepare => (
-            "prepared",
-            "Prepare",
-            format!("give that claim a UID of its own, or unprepare {holder} first"),
-        ),
-        Call::Unprepare => (
-            "unprepared",
-            "Unprepare",
-            format!(
-                "unprepare it as {holder}, or by its UID alone (an empty namespace and name, as nri-accel unprepare <uid> does)"
-            ),
-        ),
-    };
     Err(EngineError::OtherClaim {
         claim: uid.to_string(),
-        verb,
+        call,
         held: holder.to_string(),
-        call: call_name,
         asked: asked.to_string(),
-        todo,
     })
 }
 
@@ -119,7 +135,7 @@ mod tests {
     #[test]
     fn the_same_names_or_an_unknown_holder_match() {
         let a = held("a", "n1");
-        for call in [Call::Prepare, Call::Unprepare] {
+        for call in [ClaimCall::Prepare, ClaimCall::Unprepare] {
             assert!(check("x", None, ClaimName::new("b", "n2"), call).is_ok());
             assert!(check("x", Some(&a), ClaimName::new("a", "n1"), call).is_ok());
             let legacy = held("", "");
@@ -137,7 +153,7 @@ mod tests {
             ClaimName::new("", "n2"),
             ClaimName::new("b", ""),
         ] {
-            for call in [Call::Prepare, Call::Unprepare] {
+            for call in [ClaimCall::Prepare, ClaimCall::Unprepare] {
                 let e = check("x", Some(&a), asked, call).unwrap_err().to_string();
                 assert!(e.contains("held as a/n1"), "{e}");
                 assert!(e.contains(&format!("names it {asked}")), "{e}");
@@ -149,15 +165,15 @@ mod tests {
             ClaimName::new("", "n1"),
         ] {
             assert!(
-                check("x", Some(&a), asked, Call::Unprepare).is_ok(),
+                check("x", Some(&a), asked, ClaimCall::Unprepare).is_ok(),
                 "{asked}"
             );
             assert!(
-                check("x", Some(&a), asked, Call::Prepare).is_err(),
+                check("x", Some(&a), asked, ClaimCall::Prepare).is_err(),
                 "{asked}"
             );
         }
-        let e = check("x", Some(&a), ClaimName::default(), Call::Prepare)
+        let e = check("x", Some(&a), ClaimName::default(), ClaimCall::Prepare)
             .unwrap_err()
             .to_string();
         assert_eq!(

@@ -45,7 +45,7 @@ pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
 pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, STILL_PREPARED, Then};
-pub use identity::ClaimName;
+pub use identity::{ClaimCall, ClaimName};
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{
@@ -402,7 +402,7 @@ impl Engine {
             &req.uid,
             st.node.allocation(&req.uid),
             ClaimName::new(&req.namespace, &req.name),
-            identity::Call::Prepare,
+            ClaimCall::Prepare,
         )
     }
 
@@ -750,7 +750,7 @@ impl Engine {
             uid,
             self.state().node.allocation(uid),
             named,
-            identity::Call::Unprepare,
+            ClaimCall::Unprepare,
         )?;
         let users = users();
         if !users.is_empty() {
