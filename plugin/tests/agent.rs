@@ -434,6 +434,7 @@ async fn a_synchronize_during_an_unprepare_adopts_what_the_release_frees() {
     engine
         .unprepare_unused(
             "c1",
+            nri_accel::engine::ClaimName::default(),
             || true,
             move || {
                 // No user known: now the runtime comes back and synchronizes.

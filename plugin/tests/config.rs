@@ -317,6 +317,72 @@ fn other_bad_values_are_refused() {
     }
 }
 
+/// One device under two ids (issue 39, item 2): two static devices that share a device node
+/// or a PCI address would both be published and granted, one GPU to two containers. Refused at
+/// load, pointing at the second entry's field, naming both ids and what they share.
+#[test]
+fn two_static_devices_that_are_one_device_are_refused_naming_both() {
+    let nodes = "\
+discovery:
+  static_devices:
+    - { id: gpu0, vendor: nvidia, nodes: [{ path: /dev/nvidia0, major: 195, minor: 0 }] }
+    - { id: gpu1, vendor: nvidia, nodes: [{ path: /dev/nvidia1, major: 195, minor: 1 }] }
+    - id: alias
+      vendor: nvidia
+      nodes:
+        - { path: /dev/nvidia-alias, major: 195, minor: 0 }
+";
+    let e = err(nodes);
+    let ConfigError::Invalid {
+        field,
+        position,
+        message,
+        ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(field, "discovery.static_devices[2].nodes[0]");
+    assert_eq!(*position, at(8, 11));
+    assert_eq!(
+        message,
+        "device \"alias\" has device node c 195:0 (/dev/nvidia-alias), which device \"gpu0\" (discovery.static_devices[0]) has too: one device under two ids would be granted twice; list each device once"
+    );
+
+    let pci = "\
+discovery:
+  static_devices:
+    - { id: gpu0, vendor: nvidia, pci_address: \"0000:18:00.0\" }
+    - { id: gpu1, vendor: nvidia, pci_address: \"0000:2A:00.0\" }
+    - { id: alias, vendor: nvidia, pci_address: \"0000:2a:00.0\" }
+";
+    let e = err(pci);
+    let ConfigError::Invalid {
+        field,
+        position,
+        message,
+        ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(field, "discovery.static_devices[2].pci_address");
+    assert_eq!(position.map(|p| p.line), Some(5));
+    assert_eq!(
+        message,
+        "device \"alias\" has PCI address 0000:2a:00.0, which device \"gpu1\" (discovery.static_devices[1]) has too: one device under two ids would be granted twice; list each device once"
+    );
+
+    // Control nodes are every device's of a vendor: sharing them is what they are for.
+    let control = "\
+discovery:
+  static_devices:
+    - { id: gpu0, vendor: nvidia, nodes: [{ path: /dev/nvidia0, major: 195, minor: 0 }], control_nodes: [{ path: /dev/nvidiactl, major: 195, minor: 255 }] }
+    - { id: gpu1, vendor: nvidia, nodes: [{ path: /dev/nvidia1, major: 195, minor: 1 }], control_nodes: [{ path: /dev/nvidiactl, major: 195, minor: 255 }] }
+";
+    Config::from_yaml(control, "t").unwrap();
+}
+
 #[test]
 fn a_full_config_round_trips_its_values() {
     let text = "\

@@ -204,6 +204,60 @@ async fn sysfs_root_checks_the_pools_against_a_fixture_tree_and_names_the_flag_o
     }
 }
 
+/// One device under two ids (issue 39, item 2): two static entries sharing a device node are
+/// refused by `check-config` and by `run` with the same sentence; a static entry that is a device
+/// sysfs finds under another id keeps the device once, under the static id, with a warning
+/// `--strict` fails on.
+#[tokio::test]
+async fn one_device_under_two_ids_is_refused_or_kept_once_with_a_warning() {
+    let node = TestNode::with_sections(
+        "discovery:\n  sysfs: false\n  cpus: \"0-15\"\n  static_devices:\n    \
+         - { id: gpu0, vendor: nvidia, nodes: [{ path: /dev/nvidia0, major: 195, minor: 0 }] }\n    \
+         - { id: alias, vendor: nvidia, nodes: [{ path: /dev/nvidia-alias, major: 195, minor: 0 }] }\n",
+        "",
+    );
+    let sentence = "discovery.static_devices[1].nodes[0]: device \"alias\" has device node c 195:0 \
+                    (/dev/nvidia-alias), which device \"gpu0\" (discovery.static_devices[0]) has too: \
+                    one device under two ids would be granted twice; list each device once";
+    let (st, out, err) = node.cli(&["check-config"]).await;
+    assert_eq!(st.code(), Some(1), "{out}{err}");
+    assert!(err.contains(sentence), "{err}");
+    let fake = runtime(&node).await;
+    let mut daemon = node.spawn(&[]);
+    assert!(!daemon.wait_exit().await.success());
+    assert!(
+        daemon.log_text().contains(sentence),
+        "{}",
+        daemon.log_text()
+    );
+    assert!(fake.plugin().is_none(), "run must stop before connecting");
+
+    // The first H100 of the fixture is 0000:18:00.0 with /dev/nvidia0.
+    let twin = TestNode::with_sections(
+        "discovery:\n  static_devices:\n    \
+         - { id: gpu0, vendor: nvidia, pci_address: \"0000:18:00.0\", nodes: [{ path: /dev/nvidia0, major: 195, minor: 0 }] }\n",
+        "",
+    );
+    let (st, out, err) = twin.cli(&["check-config", "--sysfs-root", FIXTURE]).await;
+    assert!(st.success(), "{out}{err}");
+    assert!(
+        out.contains("8 device(s) found"),
+        "seven found and gpu0: {out}"
+    );
+    assert!(
+        err.contains(
+            "device 0000:18:00.0: found by discovery with PCI address 0000:18:00.0, which static \
+             device gpu0 (discovery.static_devices[0]) has too: one device under two ids, so only \
+             the static entry is kept"
+        ),
+        "{err}"
+    );
+    let (st, _, err) = twin
+        .cli(&["check-config", "--strict", "--sysfs-root", FIXTURE])
+        .await;
+    assert_eq!(st.code(), Some(STRICT_WARNINGS), "{err}");
+}
+
 #[tokio::test]
 async fn a_value_of_the_wrong_type_names_its_field_and_what_is_expected() {
     let dir = tempfile::tempdir().expect("dir");

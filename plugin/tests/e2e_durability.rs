@@ -94,8 +94,19 @@ async fn changed_asks_foreign_drivers_and_stray_share_ids_are_refused_per_claim(
         e.contains("idem") && e.contains("whole-gpu0") && e.contains("whole-gpu1"),
         "{e}"
     );
-    let e = refused(&client, count_claim("idem", Family::Shared, None)).await;
+    // The same claim (its namespace and name) asking for something else.
+    let changed = ClaimSpec {
+        name: "idem".into(),
+        ..count_claim("idem", Family::Shared, None)
+    };
+    let e = refused(&client, changed).await;
     assert!(e.contains("idem") && e.contains("shared"), "{e}");
+    // Another claim under the same UID (issue 39, item 5).
+    let e = refused(&client, count_claim("idem", Family::Shared, None)).await;
+    assert!(
+        e.contains("it is held as e2e/idem and this Prepare names it e2e/idem-claim"),
+        "{e}"
+    );
     let e = refused(
         &client,
         named("other", &[("other.driver.io", "whole-gpu1", None)]),

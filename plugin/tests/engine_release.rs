@@ -40,27 +40,42 @@ async fn a_failed_release_commit_changes_nothing_durable_and_stops_later_commits
     engine.checkpoint().set_fault_hook(Some(fail_append(0)));
     let err = engine.unprepare("victim").await.unwrap_err();
     assert!(matches!(err, EngineError::Checkpoint { .. }), "{err}");
-    // Nothing durable changed but the spec, which went first: the record is there, the pending
-    // updates are those of before.
+    assert!(
+        err.to_string()
+            .contains("the claim stays prepared as it was"),
+        "{err}"
+    );
+    // Nothing durable changed: the record is there, the pending updates are those of before,
+    // and the spec, which went first, is written back (issue 39, item 7).
     assert_eq!(record_uids(&d.state), vec!["victim"]);
-    assert!(spec_uids(&d).is_empty());
-    // Later commits are refused (the release is in memory only) until a restart.
+    assert_eq!(spec_uids(&d), vec!["victim"]);
+    // Later commits are refused (the release is in memory only) until a restart, and so is a
+    // retried Unprepare, which leaves the spec alone.
     let err = engine
         .prepare(claim_for("later", "gpu1"))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("refuses commits"), "{err}");
+    let err = engine.unprepare("victim").await.unwrap_err();
+    assert!(err.to_string().contains("refuses commits"), "{err}");
+    assert_eq!(spec_uids(&d), vec!["victim"]);
     drop(engine);
-    // The restart rolls the record without a spec back; the running containers' cpusets come
+    // The restart finds the claim prepared, as it was; the running containers' cpusets come
     // with the runtime's Synchronize, which recomputes them all.
     let (engine, _) = open_with(&d, 2, 2, None).unwrap();
-    assert!(engine.claims().is_empty(), "no spec: nothing granted");
-    assert!(record_uids(&d.state).is_empty());
+    let held: Vec<String> = engine
+        .claims()
+        .into_iter()
+        .map(|(a, _)| a.claim_uid)
+        .collect();
+    assert_eq!(held, vec!["victim"]);
     assert_eq!(engine.checkpoint().pending(), pending_before);
-    // The retry has nothing left to do.
-    let commits = engine.checkpoint().stats().commits;
+    // The retry finishes.
     engine.unprepare("victim").await.unwrap();
-    assert_eq!(engine.checkpoint().stats().commits, commits);
+    assert!(engine.claims().is_empty());
+    assert!(spec_uids(&d).is_empty());
+    drop(engine);
+    assert!(record_uids(&d.state).is_empty());
 }
 
 /// No spec outlives its claim's release: a runtime not connected to nri-accel starts containers

@@ -121,6 +121,49 @@ async fn the_claims_configured_env_reaches_its_requests_devices_even_when_the_sp
     rig.shutdown().await;
 }
 
+/// The kubelet names every claim by namespace, name and UID; a held UID named as another claim
+/// is that claim's bug (or an adversary's), never the holder's grant or release (issue 39,
+/// item 5): both calls are refused for that claim and the holder keeps its grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_uid_named_as_another_claim_is_neither_granted_nor_released() {
+    let rig = Rig::start().await;
+    let (_kubelet, _plugin, client) = rig.kubelet().await;
+    let holder = rig.allocate("uid-x", "n1", &["whole-gpu0"]);
+    let first = client.prepare(std::slice::from_ref(&holder)).await.unwrap();
+    let ids = cdi_ids(&first, "uid-x");
+    let other = Claim {
+        namespace: "other".into(),
+        uid: "uid-x".into(),
+        name: "n2".into(),
+    };
+    let answer = client.prepare(std::slice::from_ref(&other)).await.unwrap();
+    let e = error_of(&answer, "uid-x");
+    assert!(
+        e.starts_with(
+            "claim uid-x not prepared: it is held as default/n1 and this Prepare names it other/n2;"
+        ),
+        "{e}"
+    );
+    let answer = client
+        .unprepare(std::slice::from_ref(&other))
+        .await
+        .unwrap();
+    let e = answer["uid-x"]
+        .as_ref()
+        .expect_err("another claim's unprepare");
+    assert!(
+        e.starts_with("claim uid-x not unprepared: it is held as default/n1 and this Unprepare names it other/n2;"),
+        "{e}"
+    );
+    assert_eq!(rig.held(), ["uid-x"]);
+    assert_eq!(rig.spec_uids(), ["uid-x"]);
+    let again = client.prepare(std::slice::from_ref(&holder)).await.unwrap();
+    assert_eq!(cdi_ids(&again, "uid-x"), ids);
+    assert!(client.unprepare(&[holder]).await.unwrap()["uid-x"].is_ok());
+    assert!(rig.held().is_empty());
+    rig.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_claim_is_answered_without_the_api_server_unless_it_holds_shares() {
     let rig = Rig::start().await;

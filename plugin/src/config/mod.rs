@@ -9,6 +9,7 @@ pub mod device_plugin;
 mod error;
 mod model;
 mod problem;
+pub mod same_device;
 mod spans;
 mod validate;
 mod validate_device_plugin;

@@ -1,12 +1,13 @@
 //! Checks on values that parsed but make no sense (run after parsing).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use policies::{Device, DeviceNode, FamilyConfig, PoolConfig};
 
 use super::Config;
 use super::problem::{Checked, fail};
+use super::same_device;
 use super::spans::Step::{self, Index, Key};
 
 /// Largest accepted `claims_api.max_connections`.
@@ -181,6 +182,10 @@ fn pci_id_ok(id: &str) -> bool {
 
 fn static_devices(devices: &[Device]) -> Checked {
     let mut ids = HashSet::new();
+    // Which entry first had each device node and PCI address: one device under two ids would
+    // be published and granted twice (see `same_device`).
+    let mut node_owner = HashMap::new();
+    let mut pci_owner = HashMap::new();
     for (i, d) in devices.iter().enumerate() {
         let at = |rest: &[Step]| {
             let mut p = vec![Key("discovery"), Key("static_devices"), Index(i)];
@@ -215,6 +220,31 @@ fn static_devices(devices: &[Device]) -> Checked {
         }
         for (j, n) in d.nodes.iter().enumerate() {
             node(n, at(&[Key("nodes"), Index(j)]))?;
+        }
+        let twice = |what: String, first: usize| {
+            format!(
+                "device {:?} has {what}, which device {:?} (discovery.static_devices[{first}]) has too: one device under two ids would be granted twice; list each device once",
+                d.id, devices[first].id
+            )
+        };
+        if let Some(p) = &d.pci_address {
+            let key = same_device::pci_key(p);
+            let first = *pci_owner.entry(key.clone()).or_insert(i);
+            if first != i {
+                fail(
+                    at(&[Key("pci_address")]),
+                    twice(format!("PCI address {key}"), first),
+                )?;
+            }
+        }
+        for (j, n) in d.nodes.iter().enumerate() {
+            let first = *node_owner.entry(same_device::node_key(n)).or_insert(i);
+            if first != i {
+                fail(
+                    at(&[Key("nodes"), Index(j)]),
+                    twice(format!("device node {}", same_device::node_words(n)), first),
+                )?;
+            }
         }
         for (j, n) in d.control_nodes.iter().enumerate() {
             node(n, at(&[Key("control_nodes"), Index(j)]))?;

@@ -11,7 +11,7 @@ use crate::claims_api::{
     ClaimAsk, ClaimInfo, ClaimRef, ClaimService, ClaimSpec, ClaimState, Family, PrepareResults,
     PreparedDevice, UnprepareResults,
 };
-use crate::engine::Origin;
+use crate::engine::{ClaimName, Origin};
 use crate::gate::Gate;
 use crate::metrics::{Metrics, Outcome};
 
@@ -184,7 +184,12 @@ impl ClaimService for ClaimsFacade {
             // Never under running containers: the device would go to the next claim while they
             // still hold it (docs/claims-api.md, "Unprepare").
             let result = engine
-                .unprepare_unused(&c.uid, || self.admitted(), || agent.users_of(&c.uid))
+                .unprepare_unused(
+                    &c.uid,
+                    ClaimName::new(&c.namespace, &c.name),
+                    || self.admitted(),
+                    || agent.users_of(&c.uid),
+                )
                 .await
                 .map_err(|e| e.to_string());
             let outcome = if result.is_ok() {

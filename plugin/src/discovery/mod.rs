@@ -19,7 +19,7 @@ use policies::{CpuSet, Device, Inventory};
 pub use hostfs::{HostFs, MAX_HOST_FILE_BYTES, RootFs};
 pub use warning::{DiscoveryError, DiscoveryWarning};
 
-use crate::config::DiscoveryConfig;
+use crate::config::{DiscoveryConfig, same_device};
 
 /// What discovery found, and what it had to leave out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,7 +46,8 @@ pub fn discover(host: &dyn HostFs, cfg: &DiscoveryConfig) -> Result<Discovery, D
     if let Some(cpus) = &cfg.cpus {
         found.inventory.cpus = cpus.clone();
     }
-    merge_static(&mut found.inventory, &cfg.static_devices);
+    let merged = merge_static(&mut found.inventory, &cfg.static_devices);
+    found.warnings.extend(merged);
     Ok(found)
 }
 
@@ -57,7 +58,35 @@ pub fn discover_root(cfg: &DiscoveryConfig) -> Result<Discovery, DiscoveryError>
 }
 
 /// Adds `static_devices` to `inventory`, replacing devices of the same id, and keeps it sorted.
-pub fn merge_static(inventory: &mut Inventory, static_devices: &[Device]) {
+///
+/// A found device that is a static one under another id (the same PCI address or device node,
+/// see [`crate::config::same_device`]) is dropped too, with a warning naming both ids and what
+/// they share: published under both ids it would be granted twice. The static entry is kept
+/// because it is the operator's word, as for a device of the same id (docs/configuration.md,
+/// "One device, one id"). Returns the warnings, in the found devices' order.
+pub fn merge_static(inventory: &mut Inventory, static_devices: &[Device]) -> Vec<DiscoveryWarning> {
+    let mut warnings = Vec::new();
+    inventory.devices.retain(|found| {
+        if static_devices.iter().any(|s| s.id == found.id) {
+            return true;
+        }
+        let Some((i, dev, what)) = static_devices
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| same_device::shared(found, s).map(|what| (i, s, what)))
+        else {
+            return true;
+        };
+        warnings.push(DiscoveryWarning {
+            device: Some(found.id.clone()),
+            path: None,
+            message: format!(
+                "found by discovery with {what}, which static device {} (discovery.static_devices[{i}]) has too: one device under two ids, so only the static entry is kept; give that entry the id {} (it then replaces the found device without this warning) or remove it",
+                dev.id, found.id
+            ),
+        });
+        false
+    });
     for dev in static_devices {
         match inventory.devices.iter_mut().find(|d| d.id == dev.id) {
             Some(existing) => *existing = dev.clone(),
@@ -65,6 +94,7 @@ pub fn merge_static(inventory: &mut Inventory, static_devices: &[Device]) {
         }
     }
     inventory.devices.sort_by(|a, b| a.id.cmp(&b.id));
+    warnings
 }
 
 /// Scans the host: PCI accelerators, their nodes, and the online CPUs.

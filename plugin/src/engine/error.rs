@@ -13,6 +13,8 @@ pub enum Then {
     KeptAsBefore,
     /// An Unprepare did not finish.
     NotReleased,
+    /// An Unprepare failed and left the claim as it was: its spec is in place.
+    StillPrepared,
 }
 
 impl std::fmt::Display for Then {
@@ -22,6 +24,7 @@ impl std::fmt::Display for Then {
             Then::NotGranted => NOT_GRANTED,
             Then::KeptAsBefore => "; the claim stays prepared as it was before this Prepare",
             Then::NotReleased => NOT_RELEASED,
+            Then::StillPrepared => STILL_PREPARED,
         })
     }
 }
@@ -31,6 +34,9 @@ pub const NOT_GRANTED: &str = "; nothing was granted: retry the Prepare once the
 
 /// Ends the error of an Unprepare that did not finish.
 pub const NOT_RELEASED: &str = "; the Unprepare did not finish and the claim may still hold its devices: retry the Unprepare (it is idempotent) until it succeeds";
+
+/// Ends the error of an Unprepare that failed and left the claim as it was (its spec in place).
+pub const STILL_PREPARED: &str = "; nothing was released: the claim stays prepared as it was, its CDI spec in place: retry the Unprepare (it is idempotent) once the cause is fixed";
 
 /// Why a claim operation or the engine's startup failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +74,23 @@ pub enum EngineError {
         claim: String,
         /// `prepared`, `unprepared` or `released`.
         what: &'static str,
+    },
+    /// A Prepare or Unprepare named a held claim UID under another namespace/name than the
+    /// claim's: a UID belongs to one claim, so nothing is answered from or done to the holder.
+    #[error(
+        "claim {claim} not {verb}: it is held as {held} and this {call} names it {asked}; nothing was changed: a claim UID belongs to one namespace/name, so {todo}",
+        verb = .call.verb(),
+        todo = .call.todo(.held)
+    )]
+    OtherClaim {
+        /// The claim UID.
+        claim: String,
+        /// The call refused.
+        call: super::ClaimCall,
+        /// The holder's `namespace/name`.
+        held: String,
+        /// The `namespace/name` the call gave.
+        asked: String,
     },
     /// The checkpoint could not be written or read.
     #[error("claim {claim}: checkpoint: {source}{then}")]

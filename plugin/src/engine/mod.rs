@@ -4,9 +4,10 @@
 //! State rules (DESIGN.md, "State: what proves what"; docs/state.md): a record in
 //! the checkpoint says the policy's allocation is committed; a CDI spec says the
 //! claim was granted, and carries the stamp of the commit that created its record.
-//! Prepare is allocate -> commit -> write the stamped spec; unprepare is release
-//! and commit the record's removal together with the container updates the
-//! release made (one commit) -> push the updates -> remove spec. The in-memory
+//! Prepare is allocate -> commit -> write the stamped spec; unprepare is remove
+//! the spec -> release and commit the record's removal together with the
+//! container updates the release made (one commit) -> push the updates
+//! (`unprepare.rs`, which also says what each failure leaves). The in-memory
 //! policy state equals the committed records for every claim nobody is working
 //! on, so a reconciliation that holds a claim's lock sees the truth. Startup
 //! refuses to start when a spec proves a commit the checkpoint no longer holds.
@@ -23,11 +24,13 @@ mod crash;
 mod device_plugin;
 mod edits;
 mod error;
+mod identity;
 mod owners;
 mod pending;
 mod reconcile;
 mod record;
 mod tally;
+mod unprepare;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -41,7 +44,8 @@ pub use ask::{ResultRef, check_results, describe, describe_held, describe_holdin
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
-pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, Then};
+pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, STILL_PREPARED, Then};
+pub use identity::{ClaimCall, ClaimName};
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{
@@ -362,6 +366,7 @@ impl Engine {
                 what: "prepared",
             });
         }
+        self.check_name(&req)?;
         let ask = req.ask.clone();
         self.prepare_locked(&req.uid.clone(), origin, Some(ask), env, |node| {
             node.allocate(&req)
@@ -377,6 +382,7 @@ impl Engine {
     ) -> Result<Prepared, EngineError> {
         check_uid(&req.uid)?;
         let _claim = self.claims.lock(&req.uid).await;
+        self.check_name(&req)?;
         let ask = req.ask.clone();
         self.prepare_locked(
             &req.uid.clone(),
@@ -386,6 +392,18 @@ impl Engine {
             |node| node.allocate(&req),
         )
         .await
+    }
+
+    /// Refuses a Prepare of a held UID under another namespace/name (see [`ClaimName`]).
+    /// Called under the claim's lock.
+    fn check_name(&self, req: &ClaimRequest) -> Result<(), EngineError> {
+        let st = self.state();
+        identity::check(
+            &req.uid,
+            st.node.allocation(&req.uid),
+            ClaimName::new(&req.namespace, &req.name),
+            ClaimCall::Prepare,
+        )
     }
 
     /// Waits for claim `uid`'s lock: no prepare or unprepare of it runs while the guard lives
@@ -709,9 +727,14 @@ impl Engine {
     /// gate closed after the request was admitted) nothing is released
     /// ([`EngineError::NoLongerAdmitted`]), since `users` then comes from a container map
     /// that misses what the runtime started meanwhile.
+    ///
+    /// `named` is the namespace/name the caller gives with the UID: a claim held under other
+    /// names is not released ([`EngineError::OtherClaim`]; a part left empty matches any, so
+    /// an empty namespace and name release by UID alone, see [`ClaimName`]).
     pub async fn unprepare_unused(
         &self,
         uid: &str,
+        named: ClaimName<'_>,
         admitted: impl FnOnce() -> bool,
         users: impl FnOnce() -> Vec<String>,
     ) -> Result<(), EngineError> {
@@ -723,6 +746,12 @@ impl Engine {
                 what: "unprepared",
             });
         }
+        identity::check(
+            uid,
+            self.state().node.allocation(uid),
+            named,
+            ClaimCall::Unprepare,
+        )?;
         let users = users();
         if !users.is_empty() {
             return Err(EngineError::InUse {
@@ -731,40 +760,6 @@ impl Engine {
             });
         }
         self.unprepare_locked(uid).await
-    }
-
-    /// The spec goes before the release: a runtime that is not connected to nri-accel (restarting,
-    /// or between its restart and its Synchronize) starts containers from any spec on disk
-    /// without asking, so a spec that outlived its claim's release could start a container on
-    /// devices the next claim already holds. A crash between the two leaves a record without a
-    /// spec, which the next start rolls back; a spec that cannot be removed leaves the claim
-    /// held.
-    async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
-        let specs = self.specs.clone();
-        let id = uid.to_string();
-        match blocking(uid, move || specs.remove(&id)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(source)) => {
-                self.tally.spec_failed();
-                return Err(EngineError::Spec {
-                    then: Then::NotReleased,
-                    claim: uid.to_string(),
-                    source,
-                });
-            }
-            Err(e) => return Err(self.crash_or(e)),
-        }
-        let held = self.state().node.allocation(uid).is_some();
-        if held {
-            let updates = self.release_committed(uid).await?;
-            self.step(CrashPoint::AfterCheckpoint)?;
-            self.step(CrashPoint::AfterRelease)?;
-            if !updates.is_empty() {
-                self.flush_pending().await;
-            }
-            self.step(CrashPoint::AfterUpdatePush)?;
-        }
-        Ok(())
     }
 
     async fn commit(
