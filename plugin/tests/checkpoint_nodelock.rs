@@ -106,3 +106,30 @@ fn another_process_is_excluded_and_its_death_releases_the_lock() {
     assert!(matches!(err, Err(NodeLockError::Busy { .. })), "{err:?}");
     lock.lock(Duration::ZERO).unwrap();
 }
+
+/// Issue 39: the lock file removed (or replaced) under its holder. flock locks an inode, not a
+/// name, so a new `node.lock` is a new lock: a second daemon took it and both granted the same
+/// devices. The lock is on the state dir itself now, which a removed file does not change.
+#[test]
+fn a_removed_or_replaced_lock_file_lets_no_second_holder_in() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lock = NodeLock::open(tmp.path()).unwrap();
+    let _guard = lock.lock(Duration::ZERO).unwrap();
+
+    std::fs::remove_file(tmp.path().join(NODE_LOCK_FILE)).unwrap();
+    // A second process opens the lock afresh: it creates a new node.lock.
+    let other = NodeLock::open(tmp.path()).unwrap();
+    assert!(tmp.path().join(NODE_LOCK_FILE).exists());
+    let err = other.lock(Duration::from_millis(30)).unwrap_err();
+    assert!(matches!(err, NodeLockError::Busy { .. }), "{err}");
+
+    // Replaced by another file of that name: the same.
+    let stray = tmp.path().join("stray");
+    std::fs::write(&stray, b"").unwrap();
+    std::fs::rename(&stray, tmp.path().join(NODE_LOCK_FILE)).unwrap();
+    let err = NodeLock::open(tmp.path())
+        .unwrap()
+        .lock(Duration::ZERO)
+        .unwrap_err();
+    assert!(matches!(err, NodeLockError::Busy { .. }), "{err}");
+}
