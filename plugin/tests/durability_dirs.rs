@@ -14,9 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use engine_common::*;
 use nri_accel::checkpoint::{Checkpoint, CheckpointOptions};
-use nri_accel::engine::{
-    ClaimRecord, CrashHook, CrashPoint, Engine, HookAction, PendingUpdate,
-};
+use nri_accel::engine::{ClaimRecord, CrashHook, CrashPoint, Engine, HookAction, PendingUpdate};
 
 fn listing(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
@@ -94,7 +92,10 @@ async fn a_cdi_dir_swapped_while_running_never_redirects_a_write_or_an_unlink() 
     let outside_before = listing(&outside);
 
     // Prepares are refused (issue 39); unprepares and reconciliation go on in the opened dir.
-    engine.prepare(claim_for("after", "gpu1")).await.unwrap_err();
+    engine
+        .prepare(claim_for("after", "gpu1"))
+        .await
+        .unwrap_err();
     engine.unprepare("before").await.unwrap();
     engine.reconcile().await.unwrap();
     engine.unprepare("after").await.unwrap();
@@ -172,7 +173,10 @@ async fn a_prepare_is_refused_while_the_cdi_dir_is_not_at_its_path_and_leaves_no
             .unwrap_err()
             .to_string();
         assert!(err.contains("claim x"), "{instead:?}: {err}");
-        assert!(err.contains(&d.cdi.display().to_string()), "{instead:?}: {err}");
+        assert!(
+            err.contains(&d.cdi.display().to_string()),
+            "{instead:?}: {err}"
+        );
         assert!(err.contains(instead.said()), "{instead:?}: {err}");
         assert!(err.contains("nothing was granted"), "{instead:?}: {err}");
         assert!(engine.checkpoint().record("x").is_none(), "{instead:?}");

@@ -279,7 +279,11 @@ async fn a_cdi_dir_swapped_while_running_refuses_prepares_and_says_so() {
     .await;
     assert!(body.contains(&cdi), "{body}");
     let (_, metrics) = http_get_async(addr, "/metrics").await.expect("metrics");
-    assert_eq!(sample(&metrics, "nri_accel_cdi_dir_moved"), Some(1.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "nri_accel_cdi_dir_moved"),
+        Some(1.0),
+        "{metrics}"
+    );
     let doc = node.status_json().await;
     assert_eq!(doc["cdi_dir"]["in_place"], false, "{doc}");
     let (_, out, _) = node.cli(&["status"]).await;
@@ -296,5 +300,9 @@ async fn a_cdi_dir_swapped_while_running_refuses_prepares_and_says_so() {
     .await;
     prepare_ok(&client, count_claim("after", Family::Exclusive, None)).await;
     let (_, metrics) = http_get_async(addr, "/metrics").await.expect("metrics");
-    assert_eq!(sample(&metrics, "nri_accel_cdi_dir_moved"), Some(0.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "nri_accel_cdi_dir_moved"),
+        Some(0.0),
+        "{metrics}"
+    );
 }

@@ -161,7 +161,11 @@ async fn a_removed_lock_file_lets_no_second_daemon_in_and_stops_the_first() {
     assert!(body.contains(&lock_path), "{body}");
     assert!(body.contains("was removed"), "{body}");
     let (_, metrics) = http_get_async(addr, "/metrics").await.expect("metrics");
-    assert_eq!(sample(&metrics, "nri_accel_node_lock_lost"), Some(1.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "nri_accel_node_lock_lost"),
+        Some(1.0),
+        "{metrics}"
+    );
 
     // A second daemon on the same state and CDI dirs, with a claims socket of its own.
     let second_socket = node.dir.path().join("run2").join("claims.sock");
@@ -221,7 +225,9 @@ async fn a_removed_lock_file_lets_no_second_daemon_in_and_stops_the_first() {
     let client = wait_for("the second daemon's gate", || {
         let path = path.clone();
         async move {
-            let c = nri_accel::claims_api::ClaimsClient::connect(&path).await.ok()?;
+            let c = nri_accel::claims_api::ClaimsClient::connect(&path)
+                .await
+                .ok()?;
             c.status().await.ok()?.gate_open.then_some(c)
         }
     })

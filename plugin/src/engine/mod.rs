@@ -15,7 +15,9 @@
 //! ([`ClaimLocks`]); the policy sits behind a short mutex (its decisions take
 //! microseconds); durable commits of concurrent claims share fsyncs in the
 //! checkpoint's group commit; spec files are per claim. Cross-process exclusion
-//! is the node lock the daemon holds for its whole life (see docs/state.md).
+//! is the node lock the daemon holds for its whole life (see docs/state.md);
+//! before each change and before a grant is answered the engine checks that the
+//! lock and the CDI dir are still what it opened (`identity`, issue 39).
 
 mod ask;
 mod claim_locks;
@@ -23,6 +25,7 @@ mod crash;
 mod device_plugin;
 mod edits;
 mod error;
+mod identity;
 mod owners;
 mod pending;
 mod reconcile;
@@ -42,6 +45,7 @@ pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
 pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, Then};
+pub use identity::{CdiDirStatus, NodeLockStatus, cdi_moved_sentence, lock_lost_sentence};
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{
@@ -127,6 +131,7 @@ pub struct Engine {
     pending: pending::Pending,
     crash: Option<CrashHook>,
     tally: tally::Tally,
+    identity: Arc<identity::Identity>,
 }
 
 /// The startup reconciliation of a loaded checkpoint and the spec files, decided before
@@ -268,9 +273,8 @@ impl Engine {
             state.set_origin(uid, record.origin.clone());
         }
         let pending_updates = journal.pending_count();
-        if !specs.dir_still_at_path() {
-            tracing::warn!(dir = %specs.dir().display(), "the CDI directory was replaced since it was opened");
-        }
+        let identity = Arc::new(identity::Identity::default());
+        let _ = identity.check_cdi(&specs);
         let engine = Engine {
             state: Mutex::new(state),
             journal: Arc::new(journal),
@@ -279,6 +283,7 @@ impl Engine {
             pending: pending::Pending::default(),
             crash,
             tally: tally::Tally::default(),
+            identity,
         };
         Ok((
             engine,
@@ -442,6 +447,11 @@ impl Engine {
         env: RequestEnv,
         allocate: impl FnOnce(&mut Node) -> Result<policies::Outcome, policies::Refusal>,
     ) -> Result<Prepared, EngineError> {
+        let then = match self.journal.record_seq(uid) {
+            Some(_) => Then::KeptAsBefore,
+            None => Then::NotGranted,
+        };
+        self.fence(uid, then).await?;
         if let Some(asked) = &ask
             && let Some(held) = self.journal.record(uid)
             && !ask::same_ask(held.ask.as_ref(), &held.allocation, asked)
@@ -466,7 +476,8 @@ impl Engine {
             (outcome, st.seq)
         };
         if outcome.already {
-            return self.grant(uid, &outcome.allocation, None).await;
+            let prepared = self.grant(uid, &outcome.allocation, None).await?;
+            return self.acknowledge(uid, prepared).await;
         }
         self.step(CrashPoint::AfterAllocate)?;
         let record = ClaimRecord {
@@ -504,7 +515,10 @@ impl Engine {
             self.flush_pending().await;
         }
         self.step(CrashPoint::AfterUpdatePush)?;
-        self.grant(uid, &outcome.allocation, Some(commit_seq)).await
+        let prepared = self
+            .grant(uid, &outcome.allocation, Some(commit_seq))
+            .await?;
+        self.acknowledge(uid, prepared).await
     }
 
     /// Writes the claim's spec stamped with the commit that created its record, and answers
@@ -660,6 +674,7 @@ impl Engine {
                 source,
             }
         };
+        self.fence_commit(uid)?;
         let _order = self.pending.order.lock().await;
         let (ticket, updates) = {
             let mut st = self.state();
@@ -740,6 +755,14 @@ impl Engine {
     /// spec, which the next start rolls back; a spec that cannot be removed leaves the claim
     /// held.
     async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
+        if let Err(lost) = self.check_lock(uid).await? {
+            return Err(EngineError::NodeLockLost {
+                claim: uid.to_string(),
+                what: "unprepared",
+                lost,
+                then: Then::NotReleased,
+            });
+        }
         let specs = self.specs.clone();
         let id = uid.to_string();
         match blocking(uid, move || specs.remove(&id)).await {
@@ -772,6 +795,7 @@ impl Engine {
         uid: &str,
         changes: Vec<Change<ClaimRecord, PendingUpdate>>,
     ) -> Result<u64, EngineError> {
+        self.fence_commit(uid)?;
         let journal = self.journal.clone();
         match blocking(uid, move || journal.commit(changes)).await? {
             Ok(seq) => Ok(seq),
@@ -898,7 +922,14 @@ impl Engine {
     /// prepared right now is never mistaken for a half-prepared one. The rules are startup's
     /// ([`plan`]) against the checkpoint as it is now; a spec that proves a commit the
     /// checkpoint does not hold is left alone and reported.
+    ///
+    /// With the node lock lost it repairs nothing and answers an empty plan: the state may be
+    /// another nri-accel's now (a spec without a record here may be its fresh grant), and the
+    /// loss is reported by itself.
     pub async fn reconcile(&self) -> Result<Plan, EngineError> {
+        if self.check_lock("reconcile").await?.is_err() {
+            return Ok(Plan::default());
+        }
         let specs = self.specs.clone();
         let spec_uids = blocking("reconcile", move || specs.list())
             .await?
@@ -907,9 +938,7 @@ impl Engine {
                 claim: "reconcile".into(),
                 source,
             })?;
-        if !self.specs.dir_still_at_path() {
-            tracing::warn!(dir = %self.specs.dir().display(), "the CDI directory was renamed or replaced while nri-accel runs: it keeps writing to the directory it opened at startup, which the runtime no longer reads; restart nri-accel");
-        }
+        let _ = self.identity.check_cdi(&self.specs);
         let records: BTreeMap<String, u64> = {
             let st = self.state();
             st.node
