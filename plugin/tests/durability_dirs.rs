@@ -276,3 +276,19 @@ async fn a_state_dir_swapped_while_running_never_redirects_a_commit() {
     let held: Vec<String> = journal.records().into_keys().collect();
     assert_eq!(held, vec!["b", "c", "d"]);
 }
+
+/// An adoption is not refused while the CDI dir is away: its spec is only the record that a
+/// running container holds the device (the runtime never reads it), and refusing it would leave
+/// the device free to grant once the dir is back.
+#[tokio::test]
+async fn an_adoption_is_recorded_while_the_cdi_dir_is_away() {
+    let d = dirs();
+    let (engine, _) = open_with(&d, 2, 0, None).unwrap();
+    let moved = d._tmp.path().join("cdi.moved");
+    std::fs::rename(&d.cdi, &moved).unwrap();
+    let adopted = engine.adopt("ctr-1", "gpu1").await.unwrap();
+    std::fs::rename(&moved, &d.cdi).unwrap();
+    assert_eq!(spec_uids(&d), vec![adopted.uid.clone()]);
+    let err = engine.prepare(claim_for("x", "gpu1")).await.unwrap_err();
+    assert!(err.to_string().contains(&adopted.uid), "{err}");
+}

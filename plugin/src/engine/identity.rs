@@ -150,12 +150,22 @@ impl Identity {
 }
 
 impl Engine {
-    /// Refuses a prepare while the node lock is lost or the CDI dir is not at its path; `then`
-    /// says what the refusal means for the claim.
-    pub(super) async fn fence(&self, uid: &str, then: Then) -> Result<(), EngineError> {
+    /// Refuses a prepare while the node lock is lost or, when `cdi`, the CDI dir is not at its
+    /// path; `then` says what the refusal means for the claim. An adoption passes `cdi: false`:
+    /// its spec is the record that a running container holds the device, never read by the
+    /// runtime, and refusing it would leave the device free to grant once the dir is back.
+    pub(super) async fn fence(&self, uid: &str, then: Then, cdi: bool) -> Result<(), EngineError> {
         let (identity, specs) = (self.identity.clone(), self.specs.clone());
         let (lock, cdi) = blocking(uid, move || {
-            (identity.check_lock(), identity.check_cdi(&specs))
+            let lock = identity.check_lock();
+            (
+                lock,
+                if cdi {
+                    identity.check_cdi(&specs)
+                } else {
+                    Ok(())
+                },
+            )
         })
         .await?;
         match (lock, cdi) {
@@ -182,8 +192,9 @@ impl Engine {
         &self,
         uid: &str,
         prepared: Prepared,
+        cdi: bool,
     ) -> Result<Prepared, EngineError> {
-        let Err(refused) = self.fence(uid, Then::KeptAsBefore).await else {
+        let Err(refused) = self.fence(uid, Then::KeptAsBefore, cdi).await else {
             return Ok(prepared);
         };
         if prepared.already {

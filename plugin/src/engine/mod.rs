@@ -451,7 +451,9 @@ impl Engine {
             Some(_) => Then::KeptAsBefore,
             None => Then::NotGranted,
         };
-        self.fence(uid, then).await?;
+        // An adoption's spec is only its record (see `fence`).
+        let cdi = !matches!(origin, Origin::Adopted { .. });
+        self.fence(uid, then, cdi).await?;
         if let Some(asked) = &ask
             && let Some(held) = self.journal.record(uid)
             && !ask::same_ask(held.ask.as_ref(), &held.allocation, asked)
@@ -477,7 +479,7 @@ impl Engine {
         };
         if outcome.already {
             let prepared = self.grant(uid, &outcome.allocation, None).await?;
-            return self.acknowledge(uid, prepared).await;
+            return self.acknowledge(uid, prepared, cdi).await;
         }
         self.step(CrashPoint::AfterAllocate)?;
         let record = ClaimRecord {
@@ -518,7 +520,7 @@ impl Engine {
         let prepared = self
             .grant(uid, &outcome.allocation, Some(commit_seq))
             .await?;
-        self.acknowledge(uid, prepared).await
+        self.acknowledge(uid, prepared, cdi).await
     }
 
     /// Writes the claim's spec stamped with the commit that created its record, and answers
