@@ -64,6 +64,50 @@ pub enum DirError {
     },
 }
 
+/// What is at a directory's path now that it no longer leads to the directory opened there.
+///
+/// Writers that go through the handle keep working after a rename, but consumers that look the
+/// directory up by path (a container runtime reading CDI specs) no longer see what is written:
+/// a caller that promises visibility checks [`Dir::check_at_path`] before it acknowledges.
+#[derive(Debug, thiserror::Error)]
+pub enum DirMoved {
+    /// Nothing is at the path.
+    #[error("{path} was moved away or removed (nothing is at that path now)")]
+    Gone {
+        /// The path the directory was opened by.
+        path: PathBuf,
+    },
+    /// A symbolic link is at the path (even one leading back to the opened directory: a link
+    /// is refused at open too).
+    #[error("{path} was replaced by a symbolic link{target}")]
+    Symlink {
+        /// The path the directory was opened by.
+        path: PathBuf,
+        /// ` (to <target>)` when the link could be read.
+        target: String,
+    },
+    /// A file (or anything else that is not a directory) is at the path.
+    #[error("{path} was replaced by a file that is not a directory")]
+    NotADirectory {
+        /// The path the directory was opened by.
+        path: PathBuf,
+    },
+    /// Another directory is at the path.
+    #[error("{path} was replaced by another directory")]
+    OtherDirectory {
+        /// The path the directory was opened by.
+        path: PathBuf,
+    },
+    /// The path or the handle could not be examined.
+    #[error("{path} cannot be checked to still be the directory opened there: {source}")]
+    Unchecked {
+        /// The path the directory was opened by.
+        path: PathBuf,
+        /// What the kernel said.
+        source: io::Error,
+    },
+}
+
 impl DirError {
     /// The error as an `io::Error` of the matching kind (for callers that carry `io::Error`).
     pub fn into_io(self) -> io::Error {
@@ -274,14 +318,54 @@ impl Dir {
     }
 
     /// Whether the configured path still leads to this directory (it was not renamed away or
-    /// replaced). Nothing depends on it for safety; the daemon warns when it does not.
+    /// replaced); [`Dir::check_at_path`] says what is there instead.
     pub fn still_at_path(&self) -> bool {
-        let Ok(mine) = fstat(&self.fd) else {
-            return false;
+        self.check_at_path().is_ok()
+    }
+
+    /// Checks that the path the directory was opened by still names it: the same device and
+    /// inode as the open handle, found without following a final symbolic link (a link there is
+    /// refused, as [`Dir::open`] refuses one). Operations through the handle never depend on it;
+    /// a caller whose consumers look the directory up by path does.
+    pub fn check_at_path(&self) -> Result<(), DirMoved> {
+        let path = || self.path.clone();
+        let mine = fstat(&self.fd).map_err(|e| DirMoved::Unchecked {
+            path: path(),
+            source: errno(e),
+        })?;
+        let now = match nix::sys::stat::lstat(&self.path) {
+            Ok(st) => st,
+            Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => {
+                return Err(DirMoved::Gone { path: path() });
+            }
+            Err(e) => {
+                return Err(DirMoved::Unchecked {
+                    path: path(),
+                    source: errno(e),
+                });
+            }
         };
-        match nix::sys::stat::lstat(&self.path) {
-            Ok(st) => st.st_dev == mine.st_dev && st.st_ino == mine.st_ino,
-            Err(_) => false,
+        if now.st_dev == mine.st_dev && now.st_ino == mine.st_ino {
+            return Ok(());
         }
+        Err(
+            match SFlag::from_bits_truncate(now.st_mode) & SFlag::S_IFMT {
+                SFlag::S_IFLNK => DirMoved::Symlink {
+                    path: path(),
+                    target: std::fs::read_link(&self.path)
+                        .map(|t| format!(" (to {})", t.display()))
+                        .unwrap_or_default(),
+                },
+                SFlag::S_IFDIR => DirMoved::OtherDirectory { path: path() },
+                _ => DirMoved::NotADirectory { path: path() },
+            },
+        )
+    }
+
+    /// A new open file description of this directory (not a duplicate of the handle): for a
+    /// `flock` of the directory itself, which belongs to the description, so two of them
+    /// exclude each other as two processes do.
+    pub fn reopen(&self) -> io::Result<OwnedFd> {
+        openat(&self.fd, ".", DIR_FLAGS, Mode::empty()).map_err(errno)
     }
 }

@@ -27,7 +27,7 @@ mod spec;
 mod stamp;
 mod store;
 
-pub use dir::{Dir, DirError};
+pub use dir::{Dir, DirError, DirMoved};
 pub use durable::{SPEC_MODE, SyncPoint, WriteStep};
 pub use edits::{DeviceEdits, DeviceKind, DeviceNode, HOOK_NAMES, Hook, Mount};
 pub use error::CdiError;

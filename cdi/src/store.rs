@@ -151,6 +151,14 @@ impl SpecStore {
         self.dir.still_at_path()
     }
 
+    /// Checks that the configured path still leads to the directory opened, and says what is
+    /// there instead when it does not. Consumers of CDI specs find them by that path, so a
+    /// spec written through the handle into a directory moved away is one nobody reads: a
+    /// caller that tells others "the spec is in place" checks this after writing it.
+    pub fn check_dir(&self) -> Result<(), crate::DirMoved> {
+        self.dir.check_at_path()
+    }
+
     /// Qualified CDI device IDs `vendor/class=claim-<uid>-<i>` for `results` results of a claim.
     pub fn device_ids(&self, claim_uid: &str, results: usize) -> Result<Vec<String>, CdiError> {
         validate_claim_uid(claim_uid)?;

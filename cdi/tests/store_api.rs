@@ -286,3 +286,42 @@ fn the_step_hook_sees_each_step_in_order() {
     use cdi::WriteStep::*;
     assert_eq!(*seen.lock().unwrap(), [TempWritten, Renamed, Removed]);
 }
+
+/// Issue 39: the store says whether its directory is still the one at the configured path, and
+/// what is there instead: consumers read specs by that path, the store writes through its handle.
+#[test]
+fn check_dir_says_what_is_at_the_path_instead_of_the_opened_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("cdi");
+    let s = store(&path, SpecFormat::Yaml);
+    s.check_dir().unwrap();
+    let moved = tmp.path().join("cdi.moved");
+    std::fs::rename(&path, &moved).unwrap();
+    let said = |s: &SpecStore| s.check_dir().unwrap_err().to_string();
+    assert_eq!(
+        said(&s),
+        format!(
+            "{} was moved away or removed (nothing is at that path now)",
+            path.display()
+        )
+    );
+    std::fs::write(&path, b"").unwrap();
+    assert!(said(&s).ends_with("was replaced by a file that is not a directory"));
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(&moved, &path).unwrap();
+    assert_eq!(
+        said(&s),
+        format!(
+            "{} was replaced by a symbolic link (to {})",
+            path.display(),
+            moved.display()
+        )
+    );
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    assert!(said(&s).ends_with("was replaced by another directory"));
+    std::fs::remove_dir(&path).unwrap();
+    std::fs::rename(&moved, &path).unwrap();
+    s.check_dir().unwrap();
+    assert!(s.dir_still_at_path());
+}

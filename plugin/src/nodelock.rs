@@ -1,21 +1,37 @@
-//! The node lock: one flock on `<state dir>/node.lock` held around every
-//! checkpoint read-modify-write, so two nri-accel processes (the daemon and an
-//! upgrade's successor, or the CLI) never interleave their changes.
+//! The node lock: held around every checkpoint read-modify-write, so two nri-accel processes
+//! (the daemon and an upgrade's successor, or the CLI) never interleave their changes.
 //!
-//! flock locks belong to an open file description, so every [`NodeLock::lock`]
-//! opens the file afresh: two holders in one process exclude each other exactly
-//! as two processes do, and the kernel releases the lock when its holder dies.
-//! The file is opened through the state dir's handle ([`cdi::Dir`]), never by path.
+//! It is two `flock`s, taken together or not at all:
+//! - on the **state dir itself** (a directory handle): its identity cannot be swapped under a
+//!   holder. Removing or replacing a lock *file* makes a new inode, and a flock of a new inode is
+//!   a new lock: with `node.lock` alone, `rm node.lock` let a second daemon in beside a running
+//!   one (issue 39). A directory that holds the checkpoint cannot be removed that way, and one
+//!   renamed away takes its checkpoint with it;
+//! - on `<state dir>/node.lock`, which nri-accel before issue 39 locked alone: an older process
+//!   on the same state dir (an upgrade or a rollback in progress) is still excluded. After
+//!   locking it, the file locked must still be the one at that name; one removed or replaced
+//!   between the open and the flock is tried again.
+//!
+//! A holder can check at any time that what it locked is still what the names point to
+//! ([`NodeLockWatch::check`]): the daemon does before each change and every 2 s, and stops
+//! granting once either was removed or replaced (docs/state.md, "The node lock").
+//!
+//! flock locks belong to an open file description, so every [`NodeLock::lock`] opens both
+//! afresh: two holders in one process exclude each other exactly as two processes do, and the
+//! kernel releases the lock when its holder dies. The file is opened through the state dir's
+//! handle ([`cdi::Dir`]), never by path.
 
 use std::fs::File;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cdi::Dir;
+use cdi::{Dir, DirMoved};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::{FileStat, fstat};
 
 /// Name of the lock file inside the state dir.
 pub const NODE_LOCK_FILE: &str = "node.lock";
@@ -67,15 +83,100 @@ pub struct NodeLock {
 /// Proof that this caller holds the node lock; dropping it releases the lock.
 #[derive(Debug)]
 pub struct NodeLockGuard {
-    _flock: Flock<File>,
-    path: PathBuf,
+    _dir: Flock<OwnedFd>,
+    _file: Option<Flock<File>>,
+    watch: NodeLockWatch,
 }
 
 impl NodeLockGuard {
     /// The lock file held.
     pub fn path(&self) -> &Path {
+        &self.watch.path
+    }
+
+    /// What checks, for as long as the lock is held, that it still is what its names point to.
+    pub fn watch(&self) -> NodeLockWatch {
+        self.watch.clone()
+    }
+}
+
+/// Checks that a held node lock is still what its names point to: the state dir at its path,
+/// and `node.lock` in it the file locked. Cheap to clone; holds no lock itself.
+#[derive(Debug, Clone)]
+pub struct NodeLockWatch {
+    dir: Arc<Dir>,
+    path: PathBuf,
+    /// (device, inode) of the lock file locked; `None` for a read-only probe that found none.
+    file: Option<(u64, u64)>,
+}
+
+/// How a held node lock stopped being what its names point to.
+#[derive(Debug, thiserror::Error)]
+pub enum LockLost {
+    /// `node.lock` is gone from the state dir.
+    #[error("the node lock {path} was removed")]
+    Removed {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// Another file is at `node.lock`'s name.
+    #[error("the node lock {path} was replaced by another file")]
+    Replaced {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The state dir is no longer at its path.
+    #[error("the node lock's state dir {0}")]
+    StateDir(DirMoved),
+    /// The lock file could not be examined.
+    #[error("the node lock {path} cannot be checked: {source}")]
+    Unchecked {
+        /// The lock file.
+        path: PathBuf,
+        /// What the kernel said.
+        source: io::Error,
+    },
+}
+
+fn identity(st: &FileStat) -> (u64, u64) {
+    (st.st_dev, st.st_ino)
+}
+
+impl NodeLockWatch {
+    /// The lock file.
+    pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// `Ok` while the state dir is still at its path and `node.lock` in it is still the file
+    /// locked; otherwise how it changed. Once either changed, another nri-accel can take the
+    /// lock: the holder must stop changing the state.
+    pub fn check(&self) -> Result<(), LockLost> {
+        self.dir.check_at_path().map_err(LockLost::StateDir)?;
+        let Some(mine) = self.file else {
+            return Ok(());
+        };
+        match self.dir.stat(NODE_LOCK_FILE) {
+            Ok(Some(st)) if identity(&st) == mine => Ok(()),
+            Ok(Some(_)) => Err(LockLost::Replaced {
+                path: self.path.clone(),
+            }),
+            Ok(None) => Err(LockLost::Removed {
+                path: self.path.clone(),
+            }),
+            Err(source) => Err(LockLost::Unchecked {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+/// What one attempt at both locks found.
+enum Attempt {
+    Locked(NodeLockGuard),
+    /// Another holder has one of them (or the file changed under the attempt): try again.
+    Busy,
 }
 
 impl NodeLock {
@@ -101,7 +202,8 @@ impl NodeLock {
     }
 
     /// The node lock of `state_dir` for a read-only caller: creates nothing. `Ok(None)` when
-    /// the state dir or the lock file does not exist (then no daemon has ever run there).
+    /// the state dir does not exist (then no daemon has ever run there). Without a lock file in
+    /// it, taking the lock takes the state dir's alone.
     pub fn open_existing(state_dir: &Path) -> Result<Option<NodeLock>, NodeLockError> {
         let dir = match Dir::open(state_dir) {
             Ok(d) => d,
@@ -113,19 +215,11 @@ impl NodeLock {
                 });
             }
         };
-        let lock = NodeLock {
+        Ok(Some(NodeLock {
             path: dir.display(NODE_LOCK_FILE),
             dir: Arc::new(dir),
             read_only: true,
-        };
-        match lock.dir.stat(NODE_LOCK_FILE) {
-            Ok(Some(_)) => Ok(Some(lock)),
-            Ok(None) => Ok(None),
-            Err(source) => Err(NodeLockError::Open {
-                path: lock.path,
-                source,
-            }),
-        }
+        }))
     }
 
     /// The lock file.
@@ -151,33 +245,78 @@ impl NodeLock {
     /// `timeout` has passed (a zero timeout tries once).
     pub fn lock(&self, timeout: Duration) -> Result<NodeLockGuard, NodeLockError> {
         let start = Instant::now();
-        let mut file = self.open_file()?;
         loop {
-            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-                Ok(flock) => {
-                    return Ok(NodeLockGuard {
-                        _flock: flock,
-                        path: self.path.clone(),
-                    });
-                }
-                Err((back, Errno::EWOULDBLOCK)) | Err((back, Errno::EINTR)) => {
-                    let waited = start.elapsed();
-                    if waited >= timeout {
-                        return Err(NodeLockError::Busy {
+            if let Attempt::Locked(guard) = self.attempt()? {
+                return Ok(guard);
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(NodeLockError::Busy {
+                    path: self.path.clone(),
+                    waited,
+                });
+            }
+            std::thread::sleep(POLL_INTERVAL.min(timeout - waited));
+        }
+    }
+
+    /// One try at both locks, the state dir's first; neither is kept unless both are taken,
+    /// so a waiter never holds one while it waits for the other.
+    fn attempt(&self) -> Result<Attempt, NodeLockError> {
+        let lock_error = |source| NodeLockError::Lock {
+            path: self.path.clone(),
+            source,
+        };
+        let dir_fd = self.dir.reopen().map_err(|source| NodeLockError::Open {
+            path: self.dir.path().to_path_buf(),
+            source,
+        })?;
+        let dir_lock = match Flock::lock(dir_fd, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => l,
+            Err((_, Errno::EWOULDBLOCK | Errno::EINTR)) => return Ok(Attempt::Busy),
+            Err((_, e)) => return Err(lock_error(e)),
+        };
+        let file = match self.open_file() {
+            Ok(f) => Some(f),
+            // A read-only probe of a state dir without the file (removed, or never made).
+            Err(NodeLockError::Open { source, .. })
+                if self.read_only && source.kind() == io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let (file_lock, file_id) = match file {
+            None => (None, None),
+            Some(file) => {
+                let flock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                    Ok(l) => l,
+                    Err((_, Errno::EWOULDBLOCK | Errno::EINTR)) => return Ok(Attempt::Busy),
+                    Err((_, e)) => return Err(lock_error(e)),
+                };
+                let mine = identity(&fstat(&*flock).map_err(lock_error)?);
+                // Removed or replaced between the open and the flock: a lock nobody else sees.
+                match self.dir.stat(NODE_LOCK_FILE) {
+                    Ok(Some(st)) if identity(&st) == mine => {}
+                    Ok(_) => return Ok(Attempt::Busy),
+                    Err(source) => {
+                        return Err(NodeLockError::Open {
                             path: self.path.clone(),
-                            waited,
+                            source,
                         });
                     }
-                    std::thread::sleep(POLL_INTERVAL.min(timeout - waited));
-                    file = back;
                 }
-                Err((_, source)) => {
-                    return Err(NodeLockError::Lock {
-                        path: self.path.clone(),
-                        source,
-                    });
-                }
+                (Some(flock), Some(mine))
             }
-        }
+        };
+        Ok(Attempt::Locked(NodeLockGuard {
+            _dir: dir_lock,
+            _file: file_lock,
+            watch: NodeLockWatch {
+                dir: self.dir.clone(),
+                path: self.path.clone(),
+                file: file_id,
+            },
+        }))
     }
 }

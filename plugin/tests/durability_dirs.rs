@@ -1,16 +1,20 @@
 //! Directories are opened once (issue 13): a CDI dir or state dir that is a symbolic link is
 //! refused with a message, and a directory swapped for a link (or renamed away) while the
 //! engine runs never redirects a write or an unlink: everything lands in the directory opened
-//! at startup, and the swapped-in target stays byte-identical.
+//! at startup, and the swapped-in target stays byte-identical. A CDI dir that is no longer at
+//! its path refuses prepares (issue 39): the runtime reads the path, so a spec written through
+//! the old handle would be a grant nobody can use.
 
 mod engine_common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use engine_common::*;
 use nri_accel::checkpoint::{Checkpoint, CheckpointOptions};
-use nri_accel::engine::{ClaimRecord, Engine, PendingUpdate};
+use nri_accel::engine::{ClaimRecord, CrashHook, CrashPoint, Engine, HookAction, PendingUpdate};
 
 fn listing(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
@@ -87,15 +91,157 @@ async fn a_cdi_dir_swapped_while_running_never_redirects_a_write_or_an_unlink() 
     std::os::unix::fs::symlink(&outside, &d.cdi).unwrap();
     let outside_before = listing(&outside);
 
-    engine.prepare(claim_for("after", "gpu1")).await.unwrap();
+    // Prepares are refused (issue 39); unprepares and reconciliation go on in the opened dir.
+    engine
+        .prepare(claim_for("after", "gpu1"))
+        .await
+        .unwrap_err();
     engine.unprepare("before").await.unwrap();
     engine.reconcile().await.unwrap();
     engine.unprepare("after").await.unwrap();
-    engine.prepare(claim_for("last", "gpu2")).await.unwrap();
+    engine.prepare(claim_for("last", "gpu2")).await.unwrap_err();
 
     assert_eq!(listing(&outside), outside_before, "nothing landed outside");
-    let in_moved: Vec<String> = listing(&moved).into_keys().collect();
-    assert_eq!(in_moved, vec!["accel.nri.io-device_last.yaml"]);
+    assert!(listing(&moved).is_empty(), "{:?}", listing(&moved));
+    assert!(engine.checkpoint().records().is_empty());
+}
+
+/// What an operator (or an adversary) can put at the CDI dir's path after moving it away.
+#[derive(Clone, Copy, Debug)]
+enum PutInstead {
+    Nothing,
+    File,
+    LinkToTheMovedDir,
+    AnotherDir,
+}
+
+impl PutInstead {
+    const ALL: [PutInstead; 4] = [
+        PutInstead::Nothing,
+        PutInstead::File,
+        PutInstead::LinkToTheMovedDir,
+        PutInstead::AnotherDir,
+    ];
+
+    fn put(self, path: &Path, moved: &Path) {
+        match self {
+            PutInstead::Nothing => {}
+            PutInstead::File => std::fs::write(path, b"not a dir").unwrap(),
+            PutInstead::LinkToTheMovedDir => std::os::unix::fs::symlink(moved, path).unwrap(),
+            PutInstead::AnotherDir => std::fs::create_dir(path).unwrap(),
+        }
+    }
+
+    fn take_away(self, path: &Path) {
+        match self {
+            PutInstead::Nothing => {}
+            PutInstead::File | PutInstead::LinkToTheMovedDir => std::fs::remove_file(path).unwrap(),
+            PutInstead::AnotherDir => std::fs::remove_dir(path).unwrap(),
+        }
+    }
+
+    /// Words the refusal uses for it.
+    fn said(self) -> &'static str {
+        match self {
+            PutInstead::Nothing => "nothing is at that path",
+            PutInstead::File => "not a directory",
+            PutInstead::LinkToTheMovedDir => "symbolic link",
+            PutInstead::AnotherDir => "another directory",
+        }
+    }
+}
+
+/// Issue 39: the CDI dir moved away and something else put at its path while the engine runs.
+/// Prepares succeeded, writing specs through the handle opened at start into the moved dir, where
+/// the runtime (which reads the path) never looks. Now a prepare is refused with a sentence and
+/// leaves no record, no spec and no unit held; a repeat of a prepared claim is refused and keeps
+/// its grant; once the dir is back, prepares are served again.
+#[tokio::test]
+async fn a_prepare_is_refused_while_the_cdi_dir_is_not_at_its_path_and_leaves_nothing() {
+    for instead in PutInstead::ALL {
+        let d = dirs();
+        let (engine, _) = open_with(&d, 2, 0, None).unwrap();
+        engine.prepare(claim_for("before", "gpu0")).await.unwrap();
+        let moved = d._tmp.path().join("cdi.moved");
+        std::fs::rename(&d.cdi, &moved).unwrap();
+        instead.put(&d.cdi, &moved);
+        let moved_before = listing(&moved);
+
+        let err = engine
+            .prepare(claim_for("x", "gpu1"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("claim x"), "{instead:?}: {err}");
+        assert!(
+            err.contains(&d.cdi.display().to_string()),
+            "{instead:?}: {err}"
+        );
+        assert!(err.contains(instead.said()), "{instead:?}: {err}");
+        assert!(err.contains("nothing was granted"), "{instead:?}: {err}");
+        assert!(engine.checkpoint().record("x").is_none(), "{instead:?}");
+        assert_eq!(listing(&moved), moved_before, "{instead:?}");
+        // A count ask is refused the same way (the policy would choose the free gpu1).
+        engine.prepare(claim_count("y", 1)).await.unwrap_err();
+        assert!(engine.checkpoint().record("y").is_none(), "{instead:?}");
+
+        // A repeat of a prepared claim: its spec is where the runtime cannot see it either.
+        let err = engine
+            .prepare(claim_for("before", "gpu0"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stays prepared"), "{instead:?}: {err}");
+        assert!(engine.checkpoint().record("before").is_some());
+        assert_eq!(listing(&moved), moved_before, "{instead:?}");
+
+        // Back in place: gpu1 was never held, so x gets it now.
+        instead.take_away(&d.cdi);
+        std::fs::rename(&moved, &d.cdi).unwrap();
+        engine.prepare(claim_for("x", "gpu1")).await.unwrap();
+        assert_eq!(spec_uids(&d), vec!["before", "x"], "{instead:?}");
+        assert_eq!(record_uids(&d.state), vec!["before", "x"], "{instead:?}");
+    }
+}
+
+/// The race: the dir is swapped after the check before a prepare and after its spec was written,
+/// before the answer. The claim is rolled back as a failed prepare: no spec in the moved dir, no
+/// record, its device free; a restart finds nothing of it.
+#[tokio::test]
+async fn a_cdi_dir_swapped_between_the_spec_write_and_the_answer_rolls_the_claim_back() {
+    let d = dirs();
+    let moved = d._tmp.path().join("cdi.moved");
+    let swapped = Arc::new(AtomicBool::new(false));
+    let hook: CrashHook = {
+        let (cdi, moved, swapped) = (d.cdi.clone(), moved.clone(), swapped.clone());
+        Arc::new(move |step| {
+            if step == CrashPoint::AfterSpecRename && !swapped.swap(true, Ordering::SeqCst) {
+                std::fs::rename(&cdi, &moved).unwrap();
+                std::os::unix::fs::symlink(&moved, &cdi).unwrap();
+            }
+            HookAction::Continue
+        })
+    };
+    let (engine, _) = open_with(&d, 2, 0, Some(hook)).unwrap();
+    let err = engine
+        .prepare(claim_for("x", "gpu1"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(swapped.load(Ordering::SeqCst), "the hook ran");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert!(err.contains("nothing was granted"), "{err}");
+    assert!(listing(&moved).is_empty(), "{:?}", listing(&moved));
+    assert!(engine.checkpoint().record("x").is_none());
+    assert!(engine.claims().is_empty(), "no unit is held");
+    drop(engine);
+
+    std::fs::remove_file(&d.cdi).unwrap();
+    std::fs::rename(&moved, &d.cdi).unwrap();
+    let (engine, report) = open_with(&d, 2, 0, None).unwrap();
+    assert!(report.plan.restore.is_empty(), "{:?}", report.plan);
+    assert!(report.plan.roll_back.is_empty(), "{:?}", report.plan);
+    engine.prepare(claim_for("x", "gpu1")).await.unwrap();
 }
 
 #[tokio::test]
@@ -129,4 +275,20 @@ async fn a_state_dir_swapped_while_running_never_redirects_a_commit() {
     let (journal, _) = Checkpoint::<ClaimRecord, PendingUpdate>::open(&moved, BOOT).unwrap();
     let held: Vec<String> = journal.records().into_keys().collect();
     assert_eq!(held, vec!["b", "c", "d"]);
+}
+
+/// An adoption is not refused while the CDI dir is away: its spec is only the record that a
+/// running container holds the device (the runtime never reads it), and refusing it would leave
+/// the device free to grant once the dir is back.
+#[tokio::test]
+async fn an_adoption_is_recorded_while_the_cdi_dir_is_away() {
+    let d = dirs();
+    let (engine, _) = open_with(&d, 2, 0, None).unwrap();
+    let moved = d._tmp.path().join("cdi.moved");
+    std::fs::rename(&d.cdi, &moved).unwrap();
+    let adopted = engine.adopt("ctr-1", "gpu1").await.unwrap();
+    std::fs::rename(&moved, &d.cdi).unwrap();
+    assert_eq!(spec_uids(&d), vec![adopted.uid.clone()]);
+    let err = engine.prepare(claim_for("x", "gpu1")).await.unwrap_err();
+    assert!(err.to_string().contains(&adopted.uid), "{err}");
 }

@@ -231,3 +231,89 @@ async fn a_cdi_dir_that_is_a_symlink_stops_the_daemon_with_a_message_and_creates
     assert!(std::fs::read_dir(&target).unwrap().next().is_none());
     assert!(!node.state_dir.exists(), "a refused start creates nothing");
 }
+
+/// The value of the sample whose series is `series` in an exposition.
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Issue 39: the CDI dir moved away and a symbolic link put at its path while the daemon runs.
+/// Prepares went on succeeding, their specs written through the handle opened at start into the
+/// moved dir, with no word anywhere. Now a prepare is refused with a sentence naming the dir and
+/// leaves no record and no spec, and /healthz, `status` and a metric say so until the dir is
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdi_dir_swapped_while_running_refuses_prepares_and_says_so() {
+    let port = free_port();
+    let node = TestNode::new(
+        Shape::default(),
+        &format!("metrics:\n  listen: \"127.0.0.1:{port}\"\n"),
+    );
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let fake = runtime(&node).await;
+    let _daemon = node.spawn(&[]);
+    fake.wait_synchronized(1, WAIT).await.expect("synchronized");
+    let client = node.client_gate_open().await;
+    prepare_ok(&client, count_claim("before", Family::Exclusive, None)).await;
+
+    let moved = node.dir.path().join("cdi.moved");
+    std::fs::rename(&node.cdi_dir, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &node.cdi_dir).unwrap();
+    let cdi = node.cdi_dir.display().to_string();
+
+    let answer = client
+        .prepare(vec![count_claim("after", Family::Exclusive, None)])
+        .await
+        .unwrap();
+    let err = answer["after"].as_ref().unwrap_err();
+    assert!(err.contains(&cdi), "{err}");
+    assert!(err.contains("symbolic link"), "{err}");
+    assert!(err.contains("nothing was granted"), "{err}");
+    let in_moved: Vec<String> = std::fs::read_dir(&moved)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(in_moved, vec![format!("{SPEC_PREFIX}before.yaml")]);
+    assert_eq!(
+        list_uids(&client).await,
+        ["before".to_string()].into_iter().collect()
+    );
+
+    let (_, body) = wait_for("/healthz 503 while the CDI dir is swapped", || async {
+        http_get_async(addr, "/healthz")
+            .await
+            .filter(|(c, _)| *c == 503)
+    })
+    .await;
+    assert!(body.contains(&cdi), "{body}");
+    let (_, metrics) = http_get_async(addr, "/metrics").await.expect("metrics");
+    assert_eq!(
+        sample(&metrics, "nri_accel_cdi_dir_moved"),
+        Some(1.0),
+        "{metrics}"
+    );
+    let doc = node.status_json().await;
+    assert_eq!(doc["cdi_dir"]["in_place"], false, "{doc}");
+    let (_, out, _) = node.cli(&["status"]).await;
+    assert!(out.contains("symbolic link"), "{out}");
+
+    // Put back, the node serves again.
+    std::fs::remove_file(&node.cdi_dir).unwrap();
+    std::fs::rename(&moved, &node.cdi_dir).unwrap();
+    wait_for("/healthz 200 with the CDI dir back", || async {
+        http_get_async(addr, "/healthz")
+            .await
+            .filter(|(c, _)| *c == 200)
+    })
+    .await;
+    prepare_ok(&client, count_claim("after", Family::Exclusive, None)).await;
+    let (_, metrics) = http_get_async(addr, "/metrics").await.expect("metrics");
+    assert_eq!(
+        sample(&metrics, "nri_accel_cdi_dir_moved"),
+        Some(0.0),
+        "{metrics}"
+    );
+}

@@ -118,3 +118,121 @@ async fn a_daemon_stopped_while_waiting_for_the_lock_never_serves() {
     assert!(!log.contains("claims API listening"), "{log}");
     assert!(!log.contains("configured by the runtime"), "{log}");
 }
+
+/// The value of the sample whose series is `series` in an exposition.
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Issue 39: with the first daemon running, `rm <state dir>/node.lock` and a second daemon on the
+/// same state and CDI dirs (its own claims socket) opened its gate without a word, and both
+/// granted the same devices. Now the second waits for the lock as if the file were there, and
+/// the first notices at once (without any request) that its lock file is gone: it refuses
+/// prepares and unprepares with a sentence naming the file, and says so in /healthz, `status`, a
+/// metric and its log (once). Killed, it hands the node over to the waiting one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_lock_file_lets_no_second_daemon_in_and_stops_the_first() {
+    let port = free_port();
+    let node = TestNode::new(
+        Shape::default(),
+        &format!("metrics:\n  listen: \"127.0.0.1:{port}\"\n"),
+    );
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let fake = runtime(&node).await;
+    let mut first = node.spawn(&[]);
+    fake.wait_synchronized(1, WAIT).await.expect("synchronized");
+    let client = node.client_gate_open().await;
+    prepare_ok(&client, count_claim("before-a", Family::Exclusive, None)).await;
+
+    let lock_file = node.state_dir.join("node.lock");
+    std::fs::remove_file(&lock_file).unwrap();
+
+    // The first notices by itself: no request has come since.
+    let (_, body) = wait_for("/healthz 503 after the lock file was removed", || async {
+        http_get_async(addr, "/healthz")
+            .await
+            .filter(|(c, _)| *c == 503)
+    })
+    .await;
+    let lock_path = lock_file.display().to_string();
+    assert!(body.contains(&lock_path), "{body}");
+    assert!(body.contains("was removed"), "{body}");
+    let (_, metrics) = http_get_async(addr, "/metrics").await.expect("metrics");
+    assert_eq!(
+        sample(&metrics, "nri_accel_node_lock_lost"),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // A second daemon on the same state and CDI dirs, with a claims socket of its own.
+    let second_socket = node.dir.path().join("run2").join("claims.sock");
+    let second_config = node.dir.path().join("config2.yaml");
+    let text = std::fs::read_to_string(&node.config).unwrap().replace(
+        &node.claims_socket.display().to_string(),
+        &second_socket.display().to_string(),
+    );
+    std::fs::write(&second_config, text).unwrap();
+    let (cmd, log) = node.run_command_with(&second_config);
+    let mut second = DaemonProc::spawn(cmd, log);
+    wait_for("the second daemon to wait for the node lock", || {
+        let text = second.log_text();
+        async move { text.contains(WAITING).then_some(()) }
+    })
+    .await;
+    assert!(second.try_exit().is_none(), "it waits, it does not exit");
+    assert!(!second_socket.exists(), "{}", second.log_text());
+    assert_eq!(fake.plugin().map(|p| p.name), Some("accel".into()));
+
+    // The first grants and releases nothing more, and says why.
+    let answer = client
+        .prepare(vec![count_claim("after-b", Family::Exclusive, None)])
+        .await
+        .unwrap();
+    let err = answer["after-b"].as_ref().unwrap_err();
+    assert!(err.contains(&lock_path), "{err}");
+    assert!(err.contains("was removed"), "{err}");
+    assert!(err.contains("stop every nri-accel"), "{err}");
+    let answer = client.unprepare(vec![claim_ref("before-a")]).await.unwrap();
+    let err = answer["before-a"].as_ref().unwrap_err();
+    assert!(err.contains(&lock_path), "{err}");
+    let doc = node.status_json().await;
+    assert_eq!(doc["node_lock"]["held"], false, "{doc}");
+    let problem = doc["node_lock"]["problem"].as_str().unwrap_or_default();
+    assert!(problem.contains(&lock_path), "{doc}");
+    let (_, out, _) = node.cli(&["status"]).await;
+    assert!(out.contains("was removed"), "{out}");
+    let held: BTreeSet<String> = ["before-a"].map(String::from).into();
+    assert_eq!(node.spec_uids(), held);
+    assert_eq!(
+        first
+            .log_text()
+            .matches("stops granting and releasing claims")
+            .count(),
+        1,
+        "said once: {}",
+        first.log_text()
+    );
+
+    // The first goes: the second takes the node with the first's claims and serves.
+    first.kill9().await;
+    fake.wait_synchronized(2, WAIT)
+        .await
+        .expect("second synchronized");
+    let path = second_socket.clone();
+    let client = wait_for("the second daemon's gate", || {
+        let path = path.clone();
+        async move {
+            let c = nri_accel::claims_api::ClaimsClient::connect(&path)
+                .await
+                .ok()?;
+            c.status().await.ok()?.gate_open.then_some(c)
+        }
+    })
+    .await;
+    assert_eq!(list_uids(&client).await, held);
+    prepare_ok(&client, count_claim("after-b", Family::Exclusive, None)).await;
+    assert_no_unit_granted_twice(&client.status().await.unwrap().document);
+}

@@ -141,11 +141,24 @@ async fn concurrent_prepares_of_one_device_never_both_win() {
 #[tokio::test]
 async fn a_failed_spec_write_rolls_the_claim_back() {
     let d = dirs();
-    let engine = open(&d);
-    // The opened CDI dir is removed (a file takes its path): the spec cannot be written
-    // (even as root), and the engine keeps to the directory it opened.
-    std::fs::remove_dir_all(&d.cdi).unwrap();
-    std::fs::write(&d.cdi, b"not a dir").unwrap();
+    // The opened CDI dir is removed (a file takes its path) after the prepare's checks and
+    // before its spec is written: the spec cannot be written (even as root), and the engine
+    // keeps to the directory it opened. (A dir already gone is refused before anything is
+    // allocated: durability_dirs.rs.)
+    let removed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hook: nri_accel::engine::CrashHook = {
+        let (cdi, removed) = (d.cdi.clone(), removed.clone());
+        Arc::new(move |step| {
+            if step == CrashPoint::AfterUpdatePush
+                && !removed.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                std::fs::remove_dir_all(&cdi).unwrap();
+                std::fs::write(&cdi, b"not a dir").unwrap();
+            }
+            HookAction::Continue
+        })
+    };
+    let (engine, _) = open_with(&d, 4, 0, Some(hook)).unwrap();
     let err = engine
         .prepare(claim_for("uid-a", "gpu0"))
         .await

@@ -99,6 +99,8 @@ async fn exposition_names_every_family() {
     metrics.set_pending_updates(2);
     metrics.set_claims(ClaimState::Adopted, 0);
     metrics.set_nri_connected(true);
+    metrics.set_node_lock_lost(true);
+    metrics.set_cdi_dir_moved(false);
     let refusals = std::collections::BTreeMap::from([(("annotation", "no_capacity"), 3u64)]);
     metrics.set_refusals(&refusals);
     // Counts kept elsewhere that only grow: a second refresh with the same totals adds nothing.
@@ -116,6 +118,8 @@ async fn exposition_names_every_family() {
         "nri_accel_gate_open 0",
         r#"nri_accel_claims{state="adopted"} 0"#,
         "nri_accel_nri_connected 1",
+        "nri_accel_node_lock_lost 1",
+        "nri_accel_cdi_dir_moved 0",
         r#"nri_accel_refusals_total{door="annotation",reason="no_capacity"} 3"#,
         "nri_accel_checkpoint_write_errors_total 2",
         "nri_accel_cdi_write_errors_total 1",
@@ -145,6 +149,22 @@ async fn healthz_follows_connection_and_gate() {
 
     health.set_gate_open(true);
     assert_eq!(get(addr, "GET", "/healthz").await, (200, "ok\n".to_owned()));
+
+    // A CDI dir not in place and a lost node lock refuse claims whatever the runtime does: the
+    // lock first (issue 39).
+    health.set_cdi_dir_problem(Some("the CDI dir /run/cdi was moved".into()));
+    let (status, body) = get(addr, "GET", "/healthz").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (503, "the CDI dir /run/cdi was moved\n")
+    );
+    health.set_node_lock_problem(Some("the node lock /x/node.lock was removed".into()));
+    let (status, body) = get(addr, "GET", "/healthz").await;
+    assert_eq!(status, 503);
+    assert!(body.starts_with("the node lock"), "{body}");
+    health.set_node_lock_problem(None);
+    health.set_cdi_dir_problem(None);
+    assert_eq!(get(addr, "GET", "/healthz").await.0, 200);
 
     health.set_runtime_connected(false);
     assert_eq!(get(addr, "GET", "/healthz").await.0, 503);

@@ -41,6 +41,15 @@ pub fn render(doc: &Value) -> String {
         None => "-".to_string(),
     };
     let _ = writeln!(out, "gate: {gate}");
+    // What stops grants whatever the gate says (issue 39), right under it.
+    for (member, head) in [
+        ("node_lock", "NODE LOCK LOST"),
+        ("cdi_dir", "CDI DIR NOT IN PLACE"),
+    ] {
+        if let Some(problem) = doc[member]["problem"].as_str() {
+            let _ = writeln!(out, "{head}: {problem}");
+        }
+    }
     let policy = &doc["policy"];
     let _ = writeln!(
         out,

@@ -205,6 +205,9 @@ impl Daemon {
         let journal = Checkpoint::load_child(&state_dir, CHECKPOINT_DIR, &boot_id)?;
         let specs = cdi::SpecStore::open(store_config(&config.cdi))?;
         let (engine, report) = Engine::start(node, journal, specs, opts.crash)?;
+        // From here on the engine checks, before each change, that the lock is still what its
+        // names point to (docs/state.md, "The node lock").
+        engine.watch_node_lock(guard.watch());
         tracing::info!(
             restored = report.plan.restore.len(),
             rolled_back = report.plan.roll_back.len(),
@@ -291,14 +294,31 @@ impl Daemon {
             health.clone(),
             reconnects,
         )));
-        let (a, m) = (agent.clone(), metrics.clone());
+        let (a, m, h) = (agent.clone(), metrics.clone(), health.clone());
         tasks.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(2));
             loop {
                 tick.tick().await;
                 refresh_gauges(&a, &m);
+                let e = a.engine().clone();
+                if let Ok((lock, cdi)) =
+                    tokio::task::spawn_blocking(move || (e.node_lock_status(), e.cdi_dir_status()))
+                        .await
+                {
+                    report_identity(lock.as_ref(), &cdi, &m, &h);
+                }
             }
         }));
+        let e = engine.clone();
+        agent.add_status_section(
+            "node_lock",
+            Box::new(move || serde_json::to_value(e.node_lock_status()).unwrap_or_default()),
+        );
+        let e = engine.clone();
+        agent.add_status_section(
+            "cdi_dir",
+            Box::new(move || serde_json::to_value(e.cdi_dir_status()).unwrap_or_default()),
+        );
         let runner = stub.clone();
         let (ended_tx, nri_ended) = tokio::sync::watch::channel(false);
         let nri_task = tokio::spawn(async move {
@@ -387,6 +407,12 @@ impl Daemon {
             plugins
         });
         refresh_gauges(&agent, &metrics);
+        report_identity(
+            engine.node_lock_status().as_ref(),
+            &engine.cdi_dir_status(),
+            &metrics,
+            &health,
+        );
         Ok(Daemon {
             agent,
             metrics,
@@ -633,6 +659,20 @@ pub fn refresh_gauges(agent: &Agent, metrics: &Metrics) {
     let tally = engine.tally();
     metrics.set_refusals(&tally.refusals);
     metrics.set_write_errors(tally.checkpoint_write_failures, tally.spec_write_failures);
+}
+
+/// Puts where the node lock and the CDI dir stand into /healthz and the metrics (every 2 s).
+fn report_identity(
+    lock: Option<&crate::engine::NodeLockStatus>,
+    cdi: &crate::engine::CdiDirStatus,
+    metrics: &Metrics,
+    health: &HealthState,
+) {
+    let lost = lock.and_then(|l| l.problem.clone());
+    metrics.set_node_lock_lost(lost.is_some());
+    health.set_node_lock_problem(lost);
+    metrics.set_cdi_dir_moved(!cdi.in_place);
+    health.set_cdi_dir_problem(cdi.problem.clone());
 }
 
 /// Counts what a reconciliation pass (startup's or a periodic one) repaired or found.

@@ -92,6 +92,36 @@ pub enum EngineError {
         /// The `namespace/name` the call gave.
         asked: String,
     },
+    /// The node lock was removed or replaced, or its state dir moved, while this nri-accel held
+    /// it (issue 39): another nri-accel may take the lock and change the same state, so this one
+    /// changes nothing any more until it is restarted.
+    #[error(
+        "claim {claim} not {what}: {lost} while this nri-accel held it, so another nri-accel may take the lock and change the same state; this one grants and releases nothing any more: stop every nri-accel on this node, then start one{then}"
+    )]
+    NodeLockLost {
+        /// The claim (or what was being committed).
+        claim: String,
+        /// `prepared`, `unprepared`, `reconciled` or `changed`.
+        what: &'static str,
+        /// How the lock was lost: `the node lock <path> was removed`, ...
+        lost: String,
+        /// What the failure means for the claim.
+        then: Then,
+    },
+    /// The configured CDI dir is no longer the directory opened at start (moved away, or a file,
+    /// a symbolic link or another directory put at its path; issue 39): the runtime reads specs
+    /// by that path, so a spec written through the open handle is a grant nobody can use.
+    #[error(
+        "claim {claim} not prepared: since nri-accel opened the CDI dir, {moved}; the container runtime reads CDI specs by that path, so it would not find this claim's spec: put the directory back, or restart nri-accel{then}"
+    )]
+    CdiDirMoved {
+        /// The claim.
+        claim: String,
+        /// What is at the path now: `<dir> was replaced by a symbolic link (to <target>)`, ...
+        moved: String,
+        /// What the failure means for the claim.
+        then: Then,
+    },
     /// The checkpoint could not be written or read.
     #[error("claim {claim}: checkpoint: {source}{then}")]
     Checkpoint {

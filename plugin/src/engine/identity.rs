@@ -1,184 +1,260 @@
-//! A claim UID belongs to one claim: the namespace and name it was prepared under (issue 39,
-//! item 5). Without this check a Prepare of a held UID under another namespace/name was
-//! answered with the holder's grant, and an Unprepare under another namespace/name released
-//! the holder's claim.
+//! What a grant depends on staying what the engine opened (issue 39): the node lock, which keeps
+//! every other nri-accel off the state only while its names still point at what was locked, and
+//! the CDI dir, which the container runtime reads by its path while the engine writes through a
+//! handle opened at start.
 //!
-//! The rules (docs/claims-api.md, "A UID is one claim"):
-//! - A record that names neither a namespace nor a name (adopted claims; records written
-//!   before names were kept) does not know whom it belongs to: any caller's names match it.
-//! - A Prepare matches when its namespace and name equal the record's: it is answered the
-//!   record's grant, so it must be the record's claim.
-//! - An Unprepare matches when each part it gives equals the record's; a part it leaves empty
-//!   matches any. Naming neither is a release by UID alone, as an operator's
-//!   `nri-accel unprepare <uid>` asks; clients that know a claim's namespace but not its name
-//!   release by those two. The kubelet always sends both.
+//! Both are checked before a prepare changes anything and again before its grant is answered,
+//! and the daemon checks them every 2 s for /healthz, `status` and the metrics:
+//! - A node lock removed or replaced (or its state dir moved) is lost for good: another process
+//!   may have taken the lock and changed the state since, so nothing the engine holds in memory
+//!   can be trusted to be current. Prepares, unprepares, reconciliation and every commit are
+//!   refused until a restart; said once in the log.
+//! - A CDI dir that is no longer at its path refuses prepares (a spec the runtime cannot find is
+//!   no grant) for as long as it is so; unprepares still remove specs through the handle. Said
+//!   in the log each time it changes.
 
-use policies::Allocation;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
-use super::EngineError;
+use serde::Serialize;
 
-/// A claim's namespace and name as a caller gives them with its UID.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClaimName<'a> {
-    /// Namespace of the ResourceClaim (may be empty for claims outside Kubernetes).
-    pub namespace: &'a str,
-    /// Name of the ResourceClaim.
-    pub name: &'a str,
+use super::{Engine, EngineError, Prepared, Then, blocking};
+use crate::nodelock::NodeLockWatch;
+
+/// Where the node lock the daemon holds stands (the `node_lock` member of `status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeLockStatus {
+    /// The lock file.
+    pub path: PathBuf,
+    /// Whether the lock is still what its names point to.
+    pub held: bool,
+    /// When it is not: what happened and what to do, in one sentence.
+    pub problem: Option<String>,
 }
 
-impl<'a> ClaimName<'a> {
-    /// The names `namespace`/`name`.
-    pub fn new(namespace: &'a str, name: &'a str) -> Self {
-        ClaimName { namespace, name }
-    }
-
-    /// Neither a namespace nor a name.
-    pub fn is_empty(&self) -> bool {
-        self.namespace.is_empty() && self.name.is_empty()
-    }
+/// Where the CDI dir stands (the `cdi_dir` member of `status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CdiDirStatus {
+    /// The configured CDI dir.
+    pub path: PathBuf,
+    /// Whether the configured path still leads to the directory opened at start.
+    pub in_place: bool,
+    /// When it does not: what is there instead and what to do, in one sentence.
+    pub problem: Option<String>,
 }
 
-impl std::fmt::Display for ClaimName<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // An empty part is shown as "" so that `/n1` and `n1/` cannot be misread.
-        let part = |s: &str| {
-            if s.is_empty() {
-                "\"\"".to_string()
-            } else {
-                s.to_string()
-            }
+/// The engine's watch over the node lock and the CDI dir.
+#[derive(Default)]
+pub(super) struct Identity {
+    lock: Mutex<Option<NodeLockWatch>>,
+    /// How the node lock was lost, kept for good from the first check that found it.
+    lost: OnceLock<String>,
+    /// What is at the CDI dir's path instead of the opened dir, as last said (`None`: in place).
+    cdi_said: Mutex<Option<String>>,
+}
+
+/// The sentence for a lost node lock (`lost` says how), for the log, /healthz and `status`.
+pub fn lock_lost_sentence(lost: &str) -> String {
+    format!(
+        "{lost} while this nri-accel held it: another nri-accel may take the lock and change the \
+         same state, so this one stops granting and releasing claims (prepares and unprepares are \
+         refused); stop every nri-accel on this node, then start one"
+    )
+}
+
+/// The sentence for a CDI dir no longer at its path (`moved` says what is there), for the log,
+/// /healthz and `status`.
+pub fn cdi_moved_sentence(moved: &str) -> String {
+    format!(
+        "since nri-accel opened the CDI dir, {moved}: prepares are refused while it is so, \
+         because the container runtime reads CDI specs by that path; put the directory back, or \
+         restart nri-accel"
+    )
+}
+
+impl Identity {
+    /// Watches `watch` from now on.
+    pub(super) fn watch_lock(&self, watch: NodeLockWatch) {
+        *self.lock.lock().unwrap_or_else(PoisonError::into_inner) = Some(watch);
+    }
+
+    fn watch(&self) -> Option<NodeLockWatch> {
+        self.lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How the node lock was lost, if an earlier check found it (no system call).
+    pub(super) fn lost(&self) -> Option<&str> {
+        self.lost.get().map(String::as_str)
+    }
+
+    /// Checks the node lock now; `Err` says how it was lost. The first loss is kept for good
+    /// and logged once. `Ok` without a watched lock (tests, one-shot commands).
+    pub(super) fn check_lock(&self) -> Result<(), String> {
+        if let Some(lost) = self.lost() {
+            return Err(lost.to_string());
+        }
+        let Some(watch) = self.watch() else {
+            return Ok(());
         };
-        write!(f, "{}/{}", part(self.namespace), part(self.name))
-    }
-}
-
-/// Which call names a claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClaimCall {
-    /// A Prepare (any door).
-    Prepare,
-    /// An Unprepare from a door that passes names (claims API, kubelet DRA).
-    Unprepare,
-}
-
-impl ClaimCall {
-    /// `prepared` or `unprepared`.
-    pub fn verb(self) -> &'static str {
-        match self {
-            ClaimCall::Prepare => "prepared",
-            ClaimCall::Unprepare => "unprepared",
+        let Err(e) = watch.check() else {
+            return Ok(());
+        };
+        let said = e.to_string();
+        if self.lost.set(said.clone()).is_ok() {
+            tracing::error!(lock = %watch.path().display(), "{}", lock_lost_sentence(&said));
         }
+        Err(self.lost().map_or(said, str::to_string))
     }
 
-    /// What the caller should do when the claim is held as `holder`.
-    pub fn todo(self, holder: &str) -> String {
-        match self {
-            ClaimCall::Prepare => {
-                format!("give that claim a UID of its own, or unprepare {holder} first")
+    /// Checks the CDI dir now; `Err` says what is at its path instead of the opened dir. A
+    /// change either way is logged once.
+    pub(super) fn check_cdi(&self, specs: &cdi::SpecStore) -> Result<(), String> {
+        let now = specs.check_dir().map_err(|m| m.to_string());
+        let mut said = self.cdi_said.lock().unwrap_or_else(PoisonError::into_inner);
+        if said.as_deref() != now.as_ref().err().map(String::as_str) {
+            match &now {
+                Err(moved) => {
+                    tracing::error!(dir = %specs.dir().display(), "{}", cdi_moved_sentence(moved))
+                }
+                Ok(()) => tracing::info!(dir = %specs.dir().display(),
+                    "the CDI dir is the directory nri-accel opened again: prepares are served"),
             }
-            ClaimCall::Unprepare => format!(
-                "unprepare it as {holder}, or by its UID alone (an empty namespace and name, as nri-accel unprepare <uid> does)"
-            ),
+            *said = now.as_ref().err().cloned();
         }
+        now
     }
-}
 
-impl std::fmt::Display for ClaimCall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ClaimCall::Prepare => "Prepare",
-            ClaimCall::Unprepare => "Unprepare",
+    /// The node lock's status, checked now; `None` without a watched lock.
+    pub(super) fn lock_status(&self) -> Option<NodeLockStatus> {
+        let path = self.watch()?.path().to_path_buf();
+        let problem = self.check_lock().err().map(|l| lock_lost_sentence(&l));
+        Some(NodeLockStatus {
+            path,
+            held: problem.is_none(),
+            problem,
         })
     }
-}
 
-/// Refuses `asked` when `held` (the claim's committed allocation, if any) belongs to another
-/// namespace/name; see the module docs for what matches.
-pub(super) fn check(
-    uid: &str,
-    held: Option<&Allocation>,
-    asked: ClaimName<'_>,
-    call: ClaimCall,
-) -> Result<(), EngineError> {
-    let Some(held) = held else { return Ok(()) };
-    let holder = ClaimName::new(&held.namespace, &held.name);
-    let part = |given: &str, held: &str| {
-        given == held || (call == ClaimCall::Unprepare && given.is_empty())
-    };
-    if holder.is_empty()
-        || (part(asked.namespace, holder.namespace) && part(asked.name, holder.name))
-    {
-        return Ok(());
+    /// The CDI dir's status, checked now.
+    pub(super) fn cdi_status(&self, specs: &cdi::SpecStore) -> CdiDirStatus {
+        let problem = self.check_cdi(specs).err().map(|m| cdi_moved_sentence(&m));
+        CdiDirStatus {
+            path: specs.dir().to_path_buf(),
+            in_place: problem.is_none(),
+            problem,
+        }
     }
-    Err(EngineError::OtherClaim {
-        claim: uid.to_string(),
-        call,
-        held: holder.to_string(),
-        asked: asked.to_string(),
-    })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn held(namespace: &str, name: &str) -> Allocation {
-        Allocation {
-            claim_uid: "x".into(),
-            namespace: namespace.into(),
-            name: name.into(),
-            results: Vec::new(),
-            cpus: Default::default(),
+impl Engine {
+    /// Refuses a prepare while the node lock is lost or, when `cdi`, the CDI dir is not at its
+    /// path; `then` says what the refusal means for the claim. An adoption passes `cdi: false`:
+    /// its spec is the record that a running container holds the device, never read by the
+    /// runtime, and refusing it would leave the device free to grant once the dir is back.
+    pub(super) async fn fence(&self, uid: &str, then: Then, cdi: bool) -> Result<(), EngineError> {
+        let (identity, specs) = (self.identity.clone(), self.specs.clone());
+        let (lock, cdi) = blocking(uid, move || {
+            let lock = identity.check_lock();
+            (
+                lock,
+                if cdi {
+                    identity.check_cdi(&specs)
+                } else {
+                    Ok(())
+                },
+            )
+        })
+        .await?;
+        match (lock, cdi) {
+            (Err(lost), _) => Err(EngineError::NodeLockLost {
+                claim: uid.to_string(),
+                what: "prepared",
+                lost,
+                then,
+            }),
+            (Ok(()), Err(moved)) => Err(EngineError::CdiDirMoved {
+                claim: uid.to_string(),
+                moved,
+                then,
+            }),
+            (Ok(()), Ok(())) => Ok(()),
         }
     }
 
-    #[test]
-    fn the_same_names_or_an_unknown_holder_match() {
-        let a = held("a", "n1");
-        for call in [ClaimCall::Prepare, ClaimCall::Unprepare] {
-            assert!(check("x", None, ClaimName::new("b", "n2"), call).is_ok());
-            assert!(check("x", Some(&a), ClaimName::new("a", "n1"), call).is_ok());
-            let legacy = held("", "");
-            assert!(check("x", Some(&legacy), ClaimName::new("b", "n2"), call).is_ok());
+    /// The last step of a prepare, after its spec is in place: the grant is answered only if the
+    /// node lock and the CDI dir are still what they were when the prepare began. Otherwise a
+    /// repeat's earlier grant stands, and a fresh grant is undone as a failed spec write is
+    /// (its spec removed, its record rolled back) and refused.
+    pub(super) async fn acknowledge(
+        &self,
+        uid: &str,
+        prepared: Prepared,
+        cdi: bool,
+    ) -> Result<Prepared, EngineError> {
+        let Err(refused) = self.fence(uid, Then::KeptAsBefore, cdi).await else {
+            return Ok(prepared);
+        };
+        if prepared.already {
+            return Err(refused);
         }
-    }
-
-    #[test]
-    fn other_names_are_refused_and_only_an_unprepare_may_leave_parts_empty() {
-        let a = held("a", "n1");
-        for asked in [
-            ClaimName::new("b", "n2"),
-            ClaimName::new("b", "n1"),
-            ClaimName::new("a", "n2"),
-            ClaimName::new("", "n2"),
-            ClaimName::new("b", ""),
-        ] {
-            for call in [ClaimCall::Prepare, ClaimCall::Unprepare] {
-                let e = check("x", Some(&a), asked, call).unwrap_err().to_string();
-                assert!(e.contains("held as a/n1"), "{e}");
-                assert!(e.contains(&format!("names it {asked}")), "{e}");
+        let then = match self.undo_grant(uid, true, prepared.devices.len()).await {
+            Err(then) => then,
+            // Its spec could not be removed: the claim stays prepared where the runtime may
+            // not look; a retry answers it once the cause is fixed.
+            Ok(_) => Then::Unsaid,
+        };
+        Err(match refused {
+            EngineError::NodeLockLost {
+                claim, what, lost, ..
+            } => EngineError::NodeLockLost {
+                claim,
+                what,
+                lost,
+                then,
+            },
+            EngineError::CdiDirMoved { claim, moved, .. } => {
+                EngineError::CdiDirMoved { claim, moved, then }
             }
+            other => other,
+        })
+    }
+
+    /// Refuses any change to the state once the node lock was found lost (no system call:
+    /// the checks before each prepare and unprepare, and the daemon's, look).
+    pub(super) fn fence_commit(&self, uid: &str) -> Result<(), EngineError> {
+        match self.identity.lost() {
+            Some(lost) => Err(EngineError::NodeLockLost {
+                claim: uid.to_string(),
+                what: "changed",
+                lost: lost.to_string(),
+                then: Then::Unsaid,
+            }),
+            None => Ok(()),
         }
-        for asked in [
-            ClaimName::default(),
-            ClaimName::new("a", ""),
-            ClaimName::new("", "n1"),
-        ] {
-            assert!(
-                check("x", Some(&a), asked, ClaimCall::Unprepare).is_ok(),
-                "{asked}"
-            );
-            assert!(
-                check("x", Some(&a), asked, ClaimCall::Prepare).is_err(),
-                "{asked}"
-            );
-        }
-        let e = check("x", Some(&a), ClaimName::default(), ClaimCall::Prepare)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            e,
-            "claim x not prepared: it is held as a/n1 and this Prepare names it \"\"/\"\"; nothing was changed: a claim UID belongs to one namespace/name, so give that claim a UID of its own, or unprepare a/n1 first"
-        );
+    }
+
+    /// Watches the node lock the daemon holds: once it is removed or replaced (or its state
+    /// dir moved), the engine grants and releases nothing more.
+    pub fn watch_node_lock(&self, watch: crate::nodelock::NodeLockWatch) {
+        self.identity.watch_lock(watch);
+    }
+
+    /// The watched node lock, checked now (`None` when none is watched).
+    pub fn node_lock_status(&self) -> Option<NodeLockStatus> {
+        self.identity.lock_status()
+    }
+
+    /// The CDI dir, checked now: whether its path still leads to the directory opened.
+    pub fn cdi_dir_status(&self) -> CdiDirStatus {
+        self.identity.cdi_status(&self.specs)
+    }
+
+    /// Checks the node lock off the async threads; the inner `Err` says how it was lost.
+    pub(super) async fn check_lock(&self, uid: &str) -> Result<Result<(), String>, EngineError> {
+        let identity = self.identity.clone();
+        blocking(uid, move || identity.check_lock()).await
     }
 }

@@ -16,10 +16,13 @@
 //! ([`ClaimLocks`]); the policy sits behind a short mutex (its decisions take
 //! microseconds); durable commits of concurrent claims share fsyncs in the
 //! checkpoint's group commit; spec files are per claim. Cross-process exclusion
-//! is the node lock the daemon holds for its whole life (see docs/state.md).
+//! is the node lock the daemon holds for its whole life (see docs/state.md);
+//! before each change and before a grant is answered the engine checks that the
+//! lock and the CDI dir are still what it opened (`identity`, issue 39).
 
 mod ask;
 mod claim_locks;
+mod claim_names;
 mod crash;
 mod device_plugin;
 mod edits;
@@ -44,8 +47,9 @@ pub use ask::{ResultRef, check_results, describe, describe_held, describe_holdin
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
+pub use claim_names::{ClaimCall, ClaimName};
 pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, STILL_PREPARED, Then};
-pub use identity::{ClaimCall, ClaimName};
+pub use identity::{CdiDirStatus, NodeLockStatus, cdi_moved_sentence, lock_lost_sentence};
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
 pub use reconcile::{Plan, SpecFile, Unproven, plan};
 pub use record::{
@@ -131,6 +135,7 @@ pub struct Engine {
     pending: pending::Pending,
     crash: Option<CrashHook>,
     tally: tally::Tally,
+    identity: Arc<identity::Identity>,
 }
 
 /// The startup reconciliation of a loaded checkpoint and the spec files, decided before
@@ -272,9 +277,8 @@ impl Engine {
             state.set_origin(uid, record.origin.clone());
         }
         let pending_updates = journal.pending_count();
-        if !specs.dir_still_at_path() {
-            tracing::warn!(dir = %specs.dir().display(), "the CDI directory was replaced since it was opened");
-        }
+        let identity = Arc::new(identity::Identity::default());
+        let _ = identity.check_cdi(&specs);
         let engine = Engine {
             state: Mutex::new(state),
             journal: Arc::new(journal),
@@ -283,6 +287,7 @@ impl Engine {
             pending: pending::Pending::default(),
             crash,
             tally: tally::Tally::default(),
+            identity,
         };
         Ok((
             engine,
@@ -398,7 +403,7 @@ impl Engine {
     /// Called under the claim's lock.
     fn check_name(&self, req: &ClaimRequest) -> Result<(), EngineError> {
         let st = self.state();
-        identity::check(
+        claim_names::check(
             &req.uid,
             st.node.allocation(&req.uid),
             ClaimName::new(&req.namespace, &req.name),
@@ -460,6 +465,13 @@ impl Engine {
         env: RequestEnv,
         allocate: impl FnOnce(&mut Node) -> Result<policies::Outcome, policies::Refusal>,
     ) -> Result<Prepared, EngineError> {
+        let then = match self.journal.record_seq(uid) {
+            Some(_) => Then::KeptAsBefore,
+            None => Then::NotGranted,
+        };
+        // An adoption's spec is only its record (see `fence`).
+        let cdi = !matches!(origin, Origin::Adopted { .. });
+        self.fence(uid, then, cdi).await?;
         if let Some(asked) = &ask
             && let Some(held) = self.journal.record(uid)
             && !ask::same_ask(held.ask.as_ref(), &held.allocation, asked)
@@ -484,7 +496,8 @@ impl Engine {
             (outcome, st.seq)
         };
         if outcome.already {
-            return self.grant(uid, &outcome.allocation, None).await;
+            let prepared = self.grant(uid, &outcome.allocation, None).await?;
+            return self.acknowledge(uid, prepared, cdi).await;
         }
         self.step(CrashPoint::AfterAllocate)?;
         let record = ClaimRecord {
@@ -522,7 +535,10 @@ impl Engine {
             self.flush_pending().await;
         }
         self.step(CrashPoint::AfterUpdatePush)?;
-        self.grant(uid, &outcome.allocation, Some(commit_seq)).await
+        let prepared = self
+            .grant(uid, &outcome.allocation, Some(commit_seq))
+            .await?;
+        self.acknowledge(uid, prepared, cdi).await
     }
 
     /// Writes the claim's spec stamped with the commit that created its record, and answers
@@ -678,6 +694,7 @@ impl Engine {
                 source,
             }
         };
+        self.fence_commit(uid)?;
         let _order = self.pending.order.lock().await;
         let (ticket, updates) = {
             let mut st = self.state();
@@ -746,7 +763,7 @@ impl Engine {
                 what: "unprepared",
             });
         }
-        identity::check(
+        claim_names::check(
             uid,
             self.state().node.allocation(uid),
             named,
@@ -767,6 +784,7 @@ impl Engine {
         uid: &str,
         changes: Vec<Change<ClaimRecord, PendingUpdate>>,
     ) -> Result<u64, EngineError> {
+        self.fence_commit(uid)?;
         let journal = self.journal.clone();
         match blocking(uid, move || journal.commit(changes)).await? {
             Ok(seq) => Ok(seq),
@@ -893,7 +911,14 @@ impl Engine {
     /// prepared right now is never mistaken for a half-prepared one. The rules are startup's
     /// ([`plan`]) against the checkpoint as it is now; a spec that proves a commit the
     /// checkpoint does not hold is left alone and reported.
+    ///
+    /// With the node lock lost it repairs nothing and answers an empty plan: the state may be
+    /// another nri-accel's now (a spec without a record here may be its fresh grant), and the
+    /// loss is reported by itself.
     pub async fn reconcile(&self) -> Result<Plan, EngineError> {
+        if self.check_lock("reconcile").await?.is_err() {
+            return Ok(Plan::default());
+        }
         let specs = self.specs.clone();
         let spec_uids = blocking("reconcile", move || specs.list())
             .await?
@@ -902,9 +927,7 @@ impl Engine {
                 claim: "reconcile".into(),
                 source,
             })?;
-        if !self.specs.dir_still_at_path() {
-            tracing::warn!(dir = %self.specs.dir().display(), "the CDI directory was renamed or replaced while nri-accel runs: it keeps writing to the directory it opened at startup, which the runtime no longer reads; restart nri-accel");
-        }
+        let _ = self.identity.check_cdi(&self.specs);
         let records: BTreeMap<String, u64> = {
             let st = self.state();
             st.node

@@ -34,6 +34,15 @@ impl Engine {
     /// container on devices the next claim already holds. A crash between the two leaves a
     /// record without a spec, which the next start rolls back.
     pub(super) async fn unprepare_locked(&self, uid: &str) -> Result<(), EngineError> {
+        // A lost node lock: another nri-accel may hold the state now; nothing is touched.
+        if let Err(lost) = self.check_lock(uid).await? {
+            return Err(EngineError::NodeLockLost {
+                claim: uid.to_string(),
+                what: "unprepared",
+                lost,
+                then: Then::NotReleased,
+            });
+        }
         let content = self.spec_content(uid);
         if content.is_none() && self.journal.record(uid).is_some() {
             // Released in memory but not on disk: an earlier release's commit failed and the

@@ -191,6 +191,8 @@ pub struct Metrics {
     unmet_asks: Gauge,
     gate_open: Gauge,
     nri_connected: Gauge,
+    node_lock_lost: Gauge,
+    cdi_dir_moved: Gauge,
     device_healthy: Family<DeviceLabels, Gauge>,
     refusals: Family<RefusalLabels, Counter>,
     checkpoint_write_errors: Counter,
@@ -228,6 +230,8 @@ impl Metrics {
         let unmet_asks = Gauge::default();
         let gate_open = Gauge::default();
         let nri_connected = Gauge::default();
+        let node_lock_lost = Gauge::default();
+        let cdi_dir_moved = Gauge::default();
         let device_healthy = Family::<DeviceLabels, Gauge>::default();
         let refusals = Family::<RefusalLabels, Counter>::default();
         let checkpoint_write_errors = Counter::default();
@@ -299,6 +303,16 @@ impl Metrics {
             nri_connected.clone(),
         );
         registry.register(
+            "node_lock_lost",
+            "1 once the node lock was removed or replaced (or its state dir moved) while the daemon held it: it grants and releases nothing more until restarted; 0 while it holds the lock",
+            node_lock_lost.clone(),
+        );
+        registry.register(
+            "cdi_dir_moved",
+            "1 while the configured CDI dir is not the directory the daemon opened (moved away, or a file, a symbolic link or another directory put at its path): prepares are refused; 0 otherwise",
+            cdi_dir_moved.clone(),
+        );
+        registry.register(
             "refusals",
             "Prepares the policy refused, by door (claims_api, which the DRA driver uses too; annotation; device_plugin) and reason (no_capacity, held_by_other, ...)",
             refusals.clone(),
@@ -337,6 +351,8 @@ impl Metrics {
             unmet_asks,
             gate_open,
             nri_connected,
+            node_lock_lost,
+            cdi_dir_moved,
             device_healthy,
             refusals,
             checkpoint_write_errors,
@@ -409,6 +425,16 @@ impl Metrics {
     /// Record whether the runtime's NRI connection is up.
     pub fn set_nri_connected(&self, connected: bool) {
         self.nri_connected.set(i64::from(connected));
+    }
+
+    /// Record whether the node lock was lost (removed or replaced under the daemon).
+    pub fn set_node_lock_lost(&self, lost: bool) {
+        self.node_lock_lost.set(i64::from(lost));
+    }
+
+    /// Record whether the configured CDI dir is not the directory opened at start.
+    pub fn set_cdi_dir_moved(&self, moved: bool) {
+        self.cdi_dir_moved.set(i64::from(moved));
     }
 
     /// Bring the refusal counters up to `totals`, counts by (door, reason) kept by the engine

@@ -197,6 +197,11 @@ impl TestNode {
     /// a new log file in the node's dir (its path is the second item), logging at info through
     /// `NRI_ACCEL_LOG`, nothing inherited that would change how it connects or logs.
     pub fn run_command(&self) -> (Command, PathBuf) {
+        self.run_command_with(&self.config)
+    }
+
+    /// [`TestNode::run_command`] with another config file (a second daemon on the same dirs).
+    pub fn run_command_with(&self, config: &Path) -> (Command, PathBuf) {
         static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = self.dir.path().join(format!("daemon-{n}.log"));
@@ -205,7 +210,7 @@ impl TestNode {
         let mut cmd = Command::new(BIN);
         cmd.arg("run")
             .arg("--config")
-            .arg(&self.config)
+            .arg(config)
             .env_remove("NRI_PLUGIN_SOCKET")
             .env_remove("NOTIFY_SOCKET")
             .env_remove("RUST_LOG")
