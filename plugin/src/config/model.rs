@@ -122,10 +122,13 @@ pub struct ClaimsApiConfig {
     pub group: Option<String>,
     /// Largest request accepted, in bytes.
     pub max_message_bytes: u32,
-    /// Most connections served at once; more are refused (RESOURCE_EXHAUSTED).
+    /// Most connections served at once. Past it a new connection takes the place of one with
+    /// no call in flight; it is refused (RESOURCE_EXHAUSTED) only when all have a call in flight.
     pub max_connections: u32,
     /// A connection silent this long with no call in flight is closed; 0: never.
     pub idle_timeout_seconds: u32,
+    /// A connection that sends no request this long after it was accepted is closed; 0: never.
+    pub first_request_timeout_seconds: u32,
 }
 
 impl Default for ClaimsApiConfig {
@@ -136,6 +139,7 @@ impl Default for ClaimsApiConfig {
             max_message_bytes: 1024 * 1024,
             max_connections: 128,
             idle_timeout_seconds: 300,
+            first_request_timeout_seconds: 10,
         }
     }
 }

@@ -252,6 +252,9 @@ impl Daemon {
                 max_connections: config.claims_api.max_connections as usize,
                 idle_timeout: (config.claims_api.idle_timeout_seconds > 0)
                     .then(|| Duration::from_secs(config.claims_api.idle_timeout_seconds.into())),
+                first_request_timeout: (config.claims_api.first_request_timeout_seconds > 0).then(
+                    || Duration::from_secs(config.claims_api.first_request_timeout_seconds.into()),
+                ),
                 ..Limits::default()
             },
         };
