@@ -487,7 +487,7 @@ impl Agent {
                 c.name
             ));
         }
-        self.release_failed_attempts(c).await;
+        let failed = self.release_failed_attempts(c).await;
         self.note_asks(c);
         let ask = annotations::container_ask(
             &self.settings.annotation_prefix,
@@ -565,6 +565,13 @@ impl Agent {
         // Mapped: an unprepare now sees the container. Recording a device plugin claim's user
         // takes that claim's lock itself.
         drop(locks);
+        // The failed attempts go now that this one uses what it names: a device plugin
+        // allocation is the pod's, and the kubelet's retry names it again.
+        for old in failed {
+            if let Err(e) = self.remove_container(&old).await {
+                tracing::error!(container = %old, error = %e, "could not release the grant of a container whose creation failed");
+            }
+        }
         self.device_plugin_used(c, &claim_list).await;
         for (k, v) in adjustment.env {
             match grant.env.iter_mut().find(|(key, _)| *key == k) {
@@ -579,20 +586,28 @@ impl Agent {
         Ok((grant, merge_updates(carried, more)))
     }
 
-    /// Releases the grants of earlier attempts at creating `c` that never came to exist: the
-    /// runtime's create failed after nri-accel answered (a command that does not exist, say),
-    /// and CRI-O sends no event for such a container. The pod retrying the same container is
-    /// the proof: a runtime never creates two containers of one name in a pod at once.
-    async fn release_failed_attempts(&self, c: &ContainerView) {
+    /// Releases the annotation grants of earlier attempts at creating `c` that never came to
+    /// exist: the runtime's create failed after nri-accel answered (a command that does not
+    /// exist, say), and CRI-O sends no event for such a container. The pod retrying the same
+    /// container is the proof: a runtime never creates two containers of one name in a pod at
+    /// once. Answers those attempts; the caller forgets them once `c` is mapped, so that what
+    /// `c` names (a device plugin allocation, reused by the kubelet's retry) stays held.
+    async fn release_failed_attempts(&self, c: &ContainerView) -> Vec<String> {
         let failed = self.containers().failed_attempts(c);
-        for old in failed {
-            tracing::info!(container = %short_id(&old), retry = %short_id(&c.id), name = %c.name,
+        for old in &failed {
+            tracing::info!(container = %short_id(old), retry = %short_id(&c.id), name = %c.name,
                 pod = %format!("{}/{}", c.pod_namespace, c.pod_name),
                 "releasing the grant of a container whose creation failed (the pod is creating it again)");
-            if let Err(e) = self.remove_container(&old).await {
-                tracing::error!(container = %old, error = %e, "could not release the grant of a container whose creation failed");
+            for (uid, origin) in self.engine.owned_by(old) {
+                if !matches!(origin, Origin::Annotation { .. }) {
+                    continue;
+                }
+                if let Err(e) = self.engine.unprepare(&uid).await {
+                    tracing::error!(container = %old, claim = %uid, error = %e, "could not release the grant of a container whose creation failed");
+                }
             }
         }
+        failed
     }
 
     /// Records the names `c`'s pod asks devices for and that `c` appeared; warns at once when
@@ -733,7 +748,9 @@ impl Agent {
     /// Releases the grants of containers the runtime has not reported as existing
     /// (PostCreateContainer, StartContainer, a Synchronize) although their CreateContainer was
     /// answered at least `age` ago: the runtime's create failed after nri-accel answered, and
-    /// CRI-O sends no event for such a container. Runs only while the runtime is connected and
+    /// CRI-O sends no event for such a container. A container using a device plugin allocation
+    /// is left alone (the allocation is its pod's, reused by the kubelet's retry). Runs only
+    /// while the runtime is connected and
     /// synchronized (the caller checks the gate): an event lost with a connection is made up for
     /// by the next Synchronize, which lists every container that exists. Answers how many
     /// containers' grants went.
@@ -742,7 +759,21 @@ impl Agent {
         // the release (and finds the container among the released ones).
         let _turn = self.confirmations.lock().await;
         let now = Instant::now();
-        let stale = self.containers().unconfirmed(age, now);
+        // A device plugin allocation belongs to the pod, not to one attempt at a container: the
+        // kubelet creates the next attempt with the same allocation, without a new Allocate.
+        // Such a container is left to its retry and its pod's end.
+        let pod_scoped: BTreeSet<String> = self
+            .engine
+            .device_plugin_claims()
+            .into_iter()
+            .flat_map(|c| c.users.into_iter().chain(c.user.map(|u| u.container_id)))
+            .collect();
+        let stale: Vec<(String, String)> = self
+            .containers()
+            .unconfirmed(age, now)
+            .into_iter()
+            .filter(|(id, _)| !pod_scoped.contains(id))
+            .collect();
         for (id, label) in &stale {
             tracing::warn!(container = %short_id(id), name = %label, after_secs = age.as_secs(),
                 "releasing the grant of a container the runtime never reported created (its create failed after nri-accel answered, and the runtime sent no event for it; nri.unconfirmed_grant_secs)");
