@@ -443,6 +443,32 @@ async fn an_allocation_is_held_by_its_container_and_freed_when_it_goes() {
     );
 }
 
+/// Issue 39 item 4: the sweep of grants whose container never came to exist leaves a device
+/// plugin allocation alone: it is the pod's, and the kubelet creates the next attempt with it
+/// (no new Allocate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_creates_allocation_stays_for_the_kubelets_retry() {
+    let s = setup(60).await;
+    let (_ids, answer) = s.kubelet.admit("pod-a/app", WHOLE, 1).await.unwrap();
+    let cdi = cdi_names(&answer);
+    // The create fails after nri-accel answered: no PostCreateContainer.
+    s.agent
+        .create_container(&view("c-a", "pod-a", &cdi))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.agent.release_unconfirmed(std::time::Duration::ZERO).await,
+        0
+    );
+    assert_eq!(s.engine.device_plugin_claims().len(), 1);
+    // The kubelet's retry names the same allocation and is granted.
+    s.agent
+        .create_container(&view("c-a2", "pod-a", &cdi))
+        .await
+        .expect("the retry is granted");
+    assert_eq!(s.engine.device_plugin_claims()[0].users, ["c-a2"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allocation_no_container_used_is_released_only_after_the_grace_period() {
     let s = setup(3600).await;

@@ -245,6 +245,11 @@ async fn client(sh: Arc<Shared>, id: u64, seed: u64) -> BTreeSet<String> {
                             sh.fake.add_pod(p.clone());
                             let _ = sh.fake.create_container(&p, &ctr).await;
                             sh.fake.add_container(ctr.clone());
+                            // As a real runtime confirms a create it completed.
+                            let _ = sh
+                                .fake
+                                .notify(Event::POST_CREATE_CONTAINER, &p, Some(&ctr))
+                                .await;
                             st.containers_created.fetch_add(1, Ordering::Relaxed);
                             h.container = Some((p, ctr));
                         }
@@ -401,6 +406,11 @@ async fn nri_client(sh: Arc<Shared>, id: u64, seed: u64) {
                 match sh.fake.create_container(&p, &c).await {
                     Ok(_) => {
                         st.annotation_created.fetch_add(1, Ordering::Relaxed);
+                        // As a real runtime confirms a create it completed.
+                        let _ = sh
+                            .fake
+                            .notify(Event::POST_CREATE_CONTAINER, &p, Some(&c))
+                            .await;
                     }
                     // Refused (no whole GPU free): the container is not created.
                     Err(FakeError::Status { .. }) => {

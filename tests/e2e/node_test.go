@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +58,8 @@ type NodeOptions struct {
 	RequiredPlugins []string
 	// NoAccel leaves nri-accel unstarted.
 	NoAccel bool
+	// UnconfirmedGrantSecs sets nri.unconfirmed_grant_secs (0: the default).
+	UnconfirmedGrantSecs int
 }
 
 // defaultLayout: the host's CPUs, accel0 local to the last CPU.
@@ -96,6 +99,13 @@ func startNode(t *testing.T, version, mode string, opts NodeOptions) *Node {
 		n.RT = n.Ctd
 	}
 	n.Accel = newAccel(t, accelDir, n.RT.NRISocket(), mode, opts.Layout, n.Devs)
+	if opts.UnconfirmedGrantSecs > 0 {
+		cfg, err := os.ReadFile(n.Accel.Config)
+		must(t, err)
+		cfg = []byte(strings.Replace(string(cfg), "nri:\n",
+			fmt.Sprintf("nri:\n  unconfirmed_grant_secs: %d\n", opts.UnconfirmedGrantSecs), 1))
+		must(t, os.WriteFile(n.Accel.Config, cfg, 0o644))
+	}
 	t.Cleanup(func() { n.teardown(t) })
 	n.RT.Start(t)
 	n.RT.ImportImage(t)

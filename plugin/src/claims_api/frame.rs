@@ -6,13 +6,16 @@
 //! the connection open on garbage; with the guard, malformed bytes close the connection.
 //! It also counts the calls in flight (request frames read, response frames written), so a
 //! connection silent past the idle timeout with none in flight can be closed, and it holds the
-//! connection's slot under the connection cap until the connection ends.
+//! connection's slot under the connection cap until the connection ends. A connection that sends
+//! no request within the first-request timeout is closed, and so is one the acceptor evicts to
+//! make room for a new peer (see `flood.rs`).
 //! The finer, configurable message limit is checked per request before decoding (see `service.rs`),
 //! so a well-formed but too large request gets a clear status instead of a closed connection.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -20,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Sleep;
 
+use super::flood::{ConnEvent, ConnLog, ConnState};
 use super::peer::PeerCred;
 
 const HEADER_LEN: usize = ttrpc::proto::MESSAGE_HEADER_LENGTH;
@@ -81,6 +85,12 @@ pub(crate) struct FrameGuard<S> {
     max_frame: usize,
     broken: bool,
     idle: Option<Idle>,
+    /// Until the first request: closes the connection when it passes.
+    first_request: Option<Pin<Box<Sleep>>>,
+    /// Whether a request was read.
+    requested: bool,
+    /// What the acceptor sees of the connection (for eviction), and where closes are counted.
+    tracked: Option<(Arc<ConnState>, Arc<ConnLog>)>,
     /// The connection's slot under the connection cap, freed with the connection.
     _slot: Option<OwnedSemaphorePermit>,
 }
@@ -97,7 +107,35 @@ impl<S> FrameGuard<S> {
             max_frame,
             broken: false,
             idle: None,
+            first_request: None,
+            requested: false,
+            tracked: None,
             _slot: None,
+        }
+    }
+
+    /// Ends the connection unless it sends a request within `within`. Needs a tokio runtime.
+    pub(crate) fn close_without_request(mut self, within: Duration) -> Self {
+        self.first_request = Some(Box::pin(tokio::time::sleep(within)));
+        self
+    }
+
+    /// Reports activity to `state` (which the acceptor may evict the connection through) and
+    /// counts closes in `log`.
+    pub(crate) fn tracked(mut self, state: Arc<ConnState>, log: Arc<ConnLog>) -> Self {
+        self.tracked = Some((state, log));
+        self
+    }
+
+    /// Counts a close of this connection (or logs it, untracked).
+    fn closing(&self, event: ConnEvent, why: &str) {
+        match &self.tracked {
+            Some((_, log)) => log.note(event, Some(self.peer.uid), why),
+            None => tracing::info!(
+                peer_uid = self.peer.uid,
+                peer_pid = self.peer.pid,
+                "claims API connection {why}"
+            ),
         }
     }
 
@@ -122,6 +160,9 @@ impl<S> FrameGuard<S> {
             let at = tokio::time::Instant::now() + idle.after;
             idle.timer.as_mut().reset(at);
         }
+        if let Some((state, _)) = &self.tracked {
+            state.active(self.in_flight, self.requested);
+        }
     }
 
     /// Follows the frames in `bytes`; an error names what was wrong.
@@ -143,6 +184,10 @@ impl<S> FrameGuard<S> {
             Ok(())
         })?;
         self.in_flight += requests;
+        if requests > 0 {
+            self.requested = true;
+            self.first_request = None;
+        }
         Ok(())
     }
 
@@ -172,27 +217,50 @@ impl<S: AsyncRead + Unpin> AsyncRead for FrameGuard<S> {
                 "claims API connection closed after a malformed frame",
             )));
         }
+        if let Some((state, _)) = &this.tracked
+            && state.evicted(cx)
+        {
+            // Made room for a new peer (counted by the acceptor). As if the peer had closed:
+            // ttrpc ends the connection, freeing its slot.
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
         if read.is_pending() {
+            if let Some(timer) = &mut this.first_request
+                && timer.as_mut().poll(cx).is_ready()
+            {
+                this.first_request = None;
+                this.closing(
+                    ConnEvent::NoFirstRequest,
+                    "closed: no request came within claims_api.first_request_timeout_seconds",
+                );
+                return Poll::Ready(Ok(()));
+            }
             let in_flight = this.in_flight;
+            let mut idle_for = None;
             if let Some(idle) = &mut this.idle {
                 // Polled even while calls are in flight, so the timer always holds this task's
                 // waker; a deadline passed during a call just starts a new period.
                 while idle.timer.as_mut().poll(cx).is_ready() {
                     if in_flight == 0 {
-                        tracing::info!(
-                            peer_uid = this.peer.uid,
-                            peer_pid = this.peer.pid,
-                            "closing a claims API connection idle for {}s with no call in flight (claims_api.idle_timeout_seconds); the caller reconnects",
-                            idle.after.as_secs_f64()
-                        );
-                        // As if the peer had closed: ttrpc ends the connection, freeing its slot.
-                        return Poll::Ready(Ok(()));
+                        idle_for = Some(idle.after);
+                        break;
                     }
                     let at = tokio::time::Instant::now() + idle.after;
                     idle.timer.as_mut().reset(at);
                 }
+            }
+            if let Some(after) = idle_for {
+                this.closing(
+                    ConnEvent::Idle,
+                    &format!(
+                        "closed: idle for {}s with no call in flight (claims_api.idle_timeout_seconds); the caller reconnects",
+                        after.as_secs_f64()
+                    ),
+                );
+                // As if the peer had closed: ttrpc ends the connection, freeing its slot.
+                return Poll::Ready(Ok(()));
             }
             return Poll::Pending;
         }

@@ -9,6 +9,7 @@
 mod client;
 mod convert;
 mod error;
+mod flood;
 mod frame;
 mod peer;
 mod server;

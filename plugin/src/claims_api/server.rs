@@ -13,6 +13,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
 use super::error::ClaimsApiError;
+use super::flood::{ConnEvent, ConnLog, ConnTable, Eviction};
 use super::frame::FrameGuard;
 use super::peer::{DefaultPeerPolicy, PeerCred, PeerPolicy};
 use super::service;
@@ -109,7 +110,10 @@ impl ClaimsServer {
             refusals: Arc::new(Semaphore::new(REFUSALS_ANSWERED)),
             max_frame: ttrpc::proto::MESSAGE_LENGTH_MAX,
             idle_timeout: opts.limits.idle_timeout,
+            first_request_timeout: opts.limits.first_request_timeout,
             cap,
+            table: ConnTable::default(),
+            log: ConnLog::new(cap),
         });
         let incoming = futures::stream::unfold(listener, move |listener| {
             let accept = Arc::clone(&accept);
@@ -282,19 +286,27 @@ pub(crate) fn connection_cap(asked: usize) -> usize {
     cap
 }
 
-/// Admits connections: by credentials, then under the connection cap.
+/// Admits connections: by credentials, then under the connection cap, making room by evicting
+/// a connection with no call in flight when the cap is reached (see `flood.rs`).
 struct Acceptor {
     policy: Arc<dyn PeerPolicy>,
     slots: Arc<Semaphore>,
     refusals: Arc<Semaphore>,
     max_frame: usize,
     idle_timeout: Option<Duration>,
+    first_request_timeout: Option<Duration>,
     cap: usize,
+    table: ConnTable,
+    log: Arc<ConnLog>,
 }
+
+/// How long a new connection waits for the slot of the connection it evicted (that
+/// connection's task only has to see the eviction and end).
+const EVICTION_WAIT: Duration = Duration::from_secs(2);
 
 impl Acceptor {
     /// Accepts connections until one is admitted; refused ones are told why (while few) and
-    /// closed.
+    /// closed. Every refusal and eviction is counted in the rate-limited connection log.
     async fn next(&self, listener: &UnixListener) -> FrameGuard<UnixStream> {
         loop {
             let stream = match listener.accept().await {
@@ -309,39 +321,76 @@ impl Acceptor {
             let peer = match peer_cred(&stream) {
                 Ok(peer) => peer,
                 Err(e) => {
-                    tracing::warn!(
-                        "claims API connection refused: cannot read peer credentials: {e}"
+                    self.log.note(
+                        ConnEvent::NoCredentials,
+                        None,
+                        &format!("refused: cannot read peer credentials: {e}"),
                     );
                     continue;
                 }
             };
             if let Err(why) = self.policy.admit(&peer) {
-                tracing::warn!(
-                    peer_uid = peer.uid,
-                    peer_pid = peer.pid,
-                    "claims API connection refused: {why}"
+                self.log.note(
+                    ConnEvent::RefusedPeer,
+                    Some(peer.uid),
+                    &format!("refused (pid {}): {why}", peer.pid),
                 );
                 self.refuse(stream, ttrpc::Code::PERMISSION_DENIED, why);
                 continue;
             }
-            let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+            let Some(slot) = self.slot(&peer).await else {
                 let why = format!(
-                    "{} connections are open, the most it serves at once (claims_api.max_connections); close idle connections or retry shortly",
+                    "{} connections are open and every one has a call in flight, the most it serves at once (claims_api.max_connections); retry shortly",
                     self.cap
                 );
-                tracing::warn!(
-                    peer_uid = peer.uid,
-                    peer_pid = peer.pid,
-                    "claims API connection refused: {why}"
+                self.log.note(
+                    ConnEvent::RefusedFull,
+                    Some(peer.uid),
+                    &format!("refused (pid {}): {why}", peer.pid),
                 );
                 self.refuse(stream, ttrpc::Code::RESOURCE_EXHAUSTED, why);
                 continue;
             };
-            let guard = FrameGuard::new(stream, peer, self.max_frame).holding(slot);
+            let mut guard = FrameGuard::new(stream, peer, self.max_frame)
+                .holding(slot)
+                .tracked(self.table.register(), Arc::clone(&self.log));
+            if let Some(within) = self.first_request_timeout {
+                guard = guard.close_without_request(within);
+            }
             return match self.idle_timeout {
                 Some(after) => guard.close_when_idle(after),
                 None => guard,
             };
+        }
+    }
+
+    /// A slot under the cap: a free one, or the one a connection with no call in flight gives
+    /// up when evicted. `None` when every connection has a call in flight.
+    async fn slot(&self, peer: &PeerCred) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(slot) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Some(slot);
+        }
+        loop {
+            let eviction = self.table.evict_one()?;
+            let event = match eviction {
+                Eviction::NeverRequested => ConnEvent::EvictedNeverRequested,
+                Eviction::Idle => ConnEvent::EvictedIdle,
+            };
+            self.log.note(
+                event,
+                Some(peer.uid),
+                &format!(
+                    "closed to admit a new peer: all {} connections (claims_api.max_connections) were taken, and it had no call in flight",
+                    self.cap
+                ),
+            );
+            match tokio::time::timeout(EVICTION_WAIT, Arc::clone(&self.slots).acquire_owned()).await
+            {
+                Ok(Ok(slot)) => return Some(slot),
+                // The evicted connection did not end in time (its task is busy): try another.
+                Err(_) => continue,
+                Ok(Err(_)) => return None,
+            }
         }
     }
 

@@ -16,10 +16,15 @@ pub struct Limits {
     pub max_claims: usize,
     /// Most allocation results or count requests in one claim.
     pub max_results_per_claim: usize,
-    /// Most connections served at once; more are refused with RESOURCE_EXHAUSTED.
+    /// Most connections served at once. A new one past it takes the place of one with no call
+    /// in flight (see `flood.rs`); it is refused with RESOURCE_EXHAUSTED only when every
+    /// connection has a call in flight.
     pub max_connections: usize,
     /// A connection silent this long with no call in flight is closed; `None`: never.
     pub idle_timeout: Option<std::time::Duration>,
+    /// A connection that sends no request this long after it was accepted is closed; `None`:
+    /// never (the idle timeout still applies).
+    pub first_request_timeout: Option<std::time::Duration>,
 }
 
 impl Default for Limits {
@@ -30,6 +35,7 @@ impl Default for Limits {
             max_results_per_claim: 256,
             max_connections: 128,
             idle_timeout: Some(std::time::Duration::from_secs(300)),
+            first_request_timeout: Some(std::time::Duration::from_secs(10)),
         }
     }
 }

@@ -82,6 +82,11 @@ pub struct NriConfig {
     /// Kept so configs that set it still load: the annotation path always injects device
     /// nodes (see [`CdiInjection`]).
     pub cdi_injection: CdiInjection,
+    /// Seconds after which the grant of a container the runtime has not reported as existing
+    /// (no PostCreateContainer, StartContainer or Synchronize listing since nri-accel answered
+    /// its CreateContainer) is released: its create failed, and CRI-O sends no event for that.
+    /// 0: never (such a grant then waits for the pod's retry or removal).
+    pub unconfirmed_grant_secs: u64,
 }
 
 impl Default for NriConfig {
@@ -91,9 +96,15 @@ impl Default for NriConfig {
             plugin_name: "accel".to_string(),
             plugin_index: "10".to_string(),
             cdi_injection: CdiInjection::Auto,
+            unconfirmed_grant_secs: DEFAULT_UNCONFIRMED_GRANT_SECS,
         }
     }
 }
+
+/// The default `nri.unconfirmed_grant_secs`: far above a create's usual second or two, and
+/// below the kubelet's CRI deadline (2 minutes), past which CRI-O keeps a slow create for the
+/// kubelet's retry, whose StartContainer then confirms the grant, or adopts it again.
+pub const DEFAULT_UNCONFIRMED_GRANT_SECS: u64 = 60;
 
 /// How the annotation path injects a grant: kept for configs written for earlier releases.
 /// Every value now gives device nodes, device cgroup rules, env and mounts: the annotation
@@ -122,10 +133,13 @@ pub struct ClaimsApiConfig {
     pub group: Option<String>,
     /// Largest request accepted, in bytes.
     pub max_message_bytes: u32,
-    /// Most connections served at once; more are refused (RESOURCE_EXHAUSTED).
+    /// Most connections served at once. Past it a new connection takes the place of one with
+    /// no call in flight; it is refused (RESOURCE_EXHAUSTED) only when all have a call in flight.
     pub max_connections: u32,
     /// A connection silent this long with no call in flight is closed; 0: never.
     pub idle_timeout_seconds: u32,
+    /// A connection that sends no request this long after it was accepted is closed; 0: never.
+    pub first_request_timeout_seconds: u32,
 }
 
 impl Default for ClaimsApiConfig {
@@ -136,6 +150,7 @@ impl Default for ClaimsApiConfig {
             max_message_bytes: 1024 * 1024,
             max_connections: 128,
             idle_timeout_seconds: 300,
+            first_request_timeout_seconds: 10,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use policies::{ContainerUpdate, CpuSet, DeviceNode, FamilyKind};
 use tokio::sync::watch;
@@ -67,7 +68,19 @@ pub struct Agent {
     /// Running containers whose pod asks devices for them and that hold none (created while
     /// nri-accel was not connected), as found by the latest Synchronize: container -> what.
     unmet: Mutex<BTreeMap<String, String>>,
+    /// Containers whose grant [`Agent::release_unconfirmed`] released because the runtime never
+    /// reported them created, with when: one that shows up after all is adopted again.
+    released_unconfirmed: Mutex<BTreeMap<String, Instant>>,
+    /// Serializes [`Agent::release_unconfirmed`] with the runtime's confirmations
+    /// ([`Agent::container_exists`]).
+    confirmations: tokio::sync::Mutex<()>,
 }
+
+/// How long a container whose grant was released unconfirmed is remembered, in case it shows up
+/// after all (beyond this its devices are found by the next Synchronize's adoption only).
+const RELEASED_UNCONFIRMED_KEPT: Duration = Duration::from_secs(3600);
+/// The most such containers remembered; the oldest are forgotten first.
+const RELEASED_UNCONFIRMED_MAX: usize = 4096;
 
 /// What the first part of a Synchronize found: the container updates to answer with, and the
 /// containers that are gone, whose claims [`Agent::release_gone`] releases after the answer.
@@ -135,6 +148,8 @@ impl Agent {
             syncs: Arc::new(watch::channel((0, 0)).0),
             asks: Mutex::new(PodAsks::default()),
             unmet: Mutex::new(BTreeMap::new()),
+            released_unconfirmed: Mutex::new(BTreeMap::new()),
+            confirmations: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -472,7 +487,7 @@ impl Agent {
                 c.name
             ));
         }
-        self.release_failed_attempts(c).await;
+        let failed = self.release_failed_attempts(c).await;
         self.note_asks(c);
         let ask = annotations::container_ask(
             &self.settings.annotation_prefix,
@@ -550,6 +565,13 @@ impl Agent {
         // Mapped: an unprepare now sees the container. Recording a device plugin claim's user
         // takes that claim's lock itself.
         drop(locks);
+        // The failed attempts go now that this one uses what it names: a device plugin
+        // allocation is the pod's, and the kubelet's retry names it again.
+        for old in failed {
+            if let Err(e) = self.remove_container(&old).await {
+                tracing::error!(container = %old, error = %e, "could not release the grant of a container whose creation failed");
+            }
+        }
         self.device_plugin_used(c, &claim_list).await;
         for (k, v) in adjustment.env {
             match grant.env.iter_mut().find(|(key, _)| *key == k) {
@@ -564,20 +586,28 @@ impl Agent {
         Ok((grant, merge_updates(carried, more)))
     }
 
-    /// Releases the grants of earlier attempts at creating `c` that never came to exist: the
-    /// runtime's create failed after nri-accel answered (a command that does not exist, say),
-    /// and CRI-O sends no event for such a container. The pod retrying the same container is
-    /// the proof: a runtime never creates two containers of one name in a pod at once.
-    async fn release_failed_attempts(&self, c: &ContainerView) {
+    /// Releases the annotation grants of earlier attempts at creating `c` that never came to
+    /// exist: the runtime's create failed after nri-accel answered (a command that does not
+    /// exist, say), and CRI-O sends no event for such a container. The pod retrying the same
+    /// container is the proof: a runtime never creates two containers of one name in a pod at
+    /// once. Answers those attempts; the caller forgets them once `c` is mapped, so that what
+    /// `c` names (a device plugin allocation, reused by the kubelet's retry) stays held.
+    async fn release_failed_attempts(&self, c: &ContainerView) -> Vec<String> {
         let failed = self.containers().failed_attempts(c);
-        for old in failed {
-            tracing::info!(container = %short_id(&old), retry = %short_id(&c.id), name = %c.name,
+        for old in &failed {
+            tracing::info!(container = %short_id(old), retry = %short_id(&c.id), name = %c.name,
                 pod = %format!("{}/{}", c.pod_namespace, c.pod_name),
                 "releasing the grant of a container whose creation failed (the pod is creating it again)");
-            if let Err(e) = self.remove_container(&old).await {
-                tracing::error!(container = %old, error = %e, "could not release the grant of a container whose creation failed");
+            for (uid, origin) in self.engine.owned_by(old) {
+                if !matches!(origin, Origin::Annotation { .. }) {
+                    continue;
+                }
+                if let Err(e) = self.engine.unprepare(&uid).await {
+                    tracing::error!(container = %old, claim = %uid, error = %e, "could not release the grant of a container whose creation failed");
+                }
             }
         }
+        failed
     }
 
     /// Records the names `c`'s pod asks devices for and that `c` appeared; warns at once when
@@ -653,6 +683,119 @@ impl Agent {
     /// failed attempt's.
     pub fn container_created(&self, id: &str) {
         self.containers().created(id);
+    }
+
+    /// The runtime reported container `c` as existing (PostCreateContainer, StartContainer): its
+    /// grant is confirmed. When its grant was already released as never confirmed (its create
+    /// took longer than `nri.unconfirmed_grant_secs`), the devices it was given are adopted
+    /// again where they are still free; a device another claim took meanwhile is reported, since
+    /// two containers may now use it.
+    pub async fn container_exists(&self, c: &ContainerView) {
+        let _turn = self.confirmations.lock().await;
+        self.container_created(&c.id);
+        let late = self.released().remove(&c.id).is_some();
+        if !late {
+            return;
+        }
+        let pod = format!("{}/{}/{}", c.pod_namespace, c.pod_name, c.name);
+        let plan = self.adoption_plan(std::slice::from_ref(c), &self.owners());
+        for (container, device) in &plan {
+            match self.engine.adopt(container, device).await {
+                Ok(_) => {
+                    tracing::warn!(container = %short_id(&c.id), name = %pod, device = %device,
+                    "a container whose grant was released because the runtime had not reported it created within nri.unconfirmed_grant_secs exists after all: its device is held for it again")
+                }
+                Err(e) => {
+                    tracing::error!(container = %short_id(&c.id), name = %pod, device = %device, error = %e,
+                    "a container whose grant was released as never created exists after all, and its device could not be held for it again")
+                }
+            }
+        }
+        let owned = self.owners().by_container.remove(&c.id).unwrap_or_default();
+        let claims = self.claims_of(c, &owned);
+        let taken: Vec<String> = self.engine.with_node(|node| {
+            c.device_nodes
+                .iter()
+                .filter_map(|(major, minor)| node.device_by_node(*major, *minor))
+                .filter(|dev| !node.holder_of(&dev.id).iter().any(|h| claims.contains(h)))
+                .map(|dev| {
+                    format!(
+                        "{} (held by {})",
+                        dev.id,
+                        node.holder_of(&dev.id).join(", ")
+                    )
+                })
+                .collect()
+        });
+        if !taken.is_empty() {
+            tracing::error!(container = %short_id(&c.id), name = %pod, devices = %taken.join("; "),
+                "a container whose grant was released because the runtime had not reported it created within nri.unconfirmed_grant_secs exists after all, and another claim holds its device meanwhile: two containers may use it; remove this container, or raise nri.unconfirmed_grant_secs above the runtime's slowest create");
+        }
+        let claim_list: Vec<String> = claims.iter().cloned().collect();
+        // Its cpuset is left as the runtime made it: a late container gets no adjustment.
+        let _ = self
+            .engine
+            .container_started(&c.id, &claim_list, &c.placement);
+        self.containers().set(c, claims, true);
+    }
+
+    fn released(&self) -> MutexGuard<'_, BTreeMap<String, Instant>> {
+        self.released_unconfirmed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Releases the grants of containers the runtime has not reported as existing
+    /// (PostCreateContainer, StartContainer, a Synchronize) although their CreateContainer was
+    /// answered at least `age` ago: the runtime's create failed after nri-accel answered, and
+    /// CRI-O sends no event for such a container. A container using a device plugin allocation
+    /// is left alone (the allocation is its pod's, reused by the kubelet's retry). Runs only
+    /// while the runtime is connected and
+    /// synchronized (the caller checks the gate): an event lost with a connection is made up for
+    /// by the next Synchronize, which lists every container that exists. Answers how many
+    /// containers' grants went.
+    pub async fn release_unconfirmed(&self, age: Duration) -> usize {
+        // A confirmation either comes first (the container is no longer unconfirmed) or after
+        // the release (and finds the container among the released ones).
+        let _turn = self.confirmations.lock().await;
+        let now = Instant::now();
+        // A device plugin allocation belongs to the pod, not to one attempt at a container: the
+        // kubelet creates the next attempt with the same allocation, without a new Allocate.
+        // Such a container is left to its retry and its pod's end.
+        let pod_scoped: BTreeSet<String> = self
+            .engine
+            .device_plugin_claims()
+            .into_iter()
+            .flat_map(|c| c.users.into_iter().chain(c.user.map(|u| u.container_id)))
+            .collect();
+        let stale: Vec<(String, String)> = self
+            .containers()
+            .unconfirmed(age, now)
+            .into_iter()
+            .filter(|(id, _)| !pod_scoped.contains(id))
+            .collect();
+        for (id, label) in &stale {
+            tracing::warn!(container = %short_id(id), name = %label, after_secs = age.as_secs(),
+                "releasing the grant of a container the runtime never reported created (its create failed after nri-accel answered, and the runtime sent no event for it; nri.unconfirmed_grant_secs)");
+            if let Err(e) = self.remove_container(id).await {
+                tracing::error!(container = %id, error = %e, "could not release the grant of a container that never came to exist");
+                continue;
+            }
+            let mut released = self.released();
+            released.retain(|_, at| now.saturating_duration_since(*at) < RELEASED_UNCONFIRMED_KEPT);
+            while released.len() >= RELEASED_UNCONFIRMED_MAX {
+                let Some(oldest) = released
+                    .iter()
+                    .min_by_key(|(_, at)| **at)
+                    .map(|(id, _)| id.clone())
+                else {
+                    break;
+                };
+                released.remove(&oldest);
+            }
+            released.insert(id.clone(), now);
+        }
+        stale.len()
     }
 
     /// A pod sandbox stopped or was removed: the grants of its containers go with it, those of

@@ -5,6 +5,7 @@
 //! nodes it has, looked up among the devices the policy knows.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 /// What the daemon needs to know of a container, independent of the NRI messages.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -49,7 +50,7 @@ pub fn claim_of_cdi_name(kind: &str, name: &str) -> Option<String> {
 }
 
 /// A container that holds claims, as the agent tracks it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Tracked {
     claims: BTreeSet<String>,
     /// The pod sandbox's ID: a pod that goes away takes its containers' grants with it.
@@ -58,10 +59,13 @@ struct Tracked {
     label: String,
     /// The container's name within its pod.
     name: String,
-    /// Whether the runtime said the container exists (PostCreateContainer, or a Synchronize
-    /// listed it). A grant whose container never comes to exist (the runtime's create failed
-    /// after nri-accel answered) is released when the pod goes or creates its next attempt.
+    /// Whether the runtime said the container exists (PostCreateContainer, StartContainer, or a
+    /// Synchronize listed it). A grant whose container never comes to exist (the runtime's
+    /// create failed after nri-accel answered) is released when the pod goes or creates its
+    /// next attempt, or once it is older than `nri.unconfirmed_grant_secs`.
     created: bool,
+    /// When the container was mapped (its CreateContainer was answered).
+    since: Instant,
 }
 
 /// The running containers that hold claims, and the claims each holds. A container without
@@ -87,16 +91,29 @@ impl ContainerMap {
                     label: format!("{}/{}/{}", c.pod_namespace, c.pod_name, c.name),
                     name: c.name.clone(),
                     created,
+                    since: Instant::now(),
                 },
             );
         }
     }
 
-    /// Marks a container as existing (the runtime's PostCreateContainer).
+    /// Marks a container as existing (the runtime's PostCreateContainer or StartContainer).
     pub fn created(&mut self, container: &str) {
         if let Some(t) = self.tracked.get_mut(container) {
             t.created = true;
         }
+    }
+
+    /// Containers the runtime has not reported as existing although their CreateContainer was
+    /// answered at least `age` before `now`, each with its `namespace/pod/container`: their
+    /// create failed after nri-accel answered, on a runtime that says nothing of such a failure
+    /// (CRI-O).
+    pub fn unconfirmed(&self, age: Duration, now: Instant) -> Vec<(String, String)> {
+        self.tracked
+            .iter()
+            .filter(|(_, t)| !t.created && now.saturating_duration_since(t.since) >= age)
+            .map(|(id, t)| (id.clone(), t.label.clone()))
+            .collect()
     }
 
     /// Forgets a container.

@@ -44,6 +44,18 @@ impl NriPlugin {
         NriPlugin { agent, metrics }
     }
 
+    /// The runtime reported a container as existing: its grant is confirmed (see
+    /// [`Agent::container_exists`]).
+    async fn container_exists(
+        &self,
+        pod: &PodSandbox,
+        container: &Container,
+    ) -> Result<(), PluginError> {
+        let v = view(pod, container, self.agent.annotation_prefix());
+        let agent = self.agent.clone();
+        detached(async move { agent.container_exists(&v).await }).await
+    }
+
     /// A pod stopped or was removed: the grants of its containers go (see
     /// [`Agent::pod_gone`]); the event's reply has no update list.
     async fn pod_gone(&self, pod: &PodSandbox) -> Result<(), PluginError> {
@@ -269,6 +281,7 @@ impl Plugin for NriPlugin {
         EventMask::of(&[
             Event::CREATE_CONTAINER,
             Event::POST_CREATE_CONTAINER,
+            Event::START_CONTAINER,
             Event::STOP_CONTAINER,
             Event::REMOVE_CONTAINER,
             Event::STOP_POD_SANDBOX,
@@ -412,10 +425,23 @@ impl Plugin for NriPlugin {
 
     async fn post_create_container(
         &self,
-        _pod: &PodSandbox,
+        pod: &PodSandbox,
         container: &Container,
     ) -> Result<(), PluginError> {
-        self.agent.container_created(&container.id);
+        self.container_exists(pod, container).await
+    }
+
+    async fn start_container(
+        &self,
+        pod: &PodSandbox,
+        container: &Container,
+    ) -> Result<(), PluginError> {
+        // Confirms the grant too: CRI-O sends no PostCreateContainer for a container whose
+        // create outlived the kubelet's deadline and that the kubelet's retry then picked up.
+        // Never an error: containerd fails the start on one.
+        if let Err(e) = self.container_exists(pod, container).await {
+            tracing::warn!(container = %container.id, error = %e, "could not confirm a starting container's grant");
+        }
         Ok(())
     }
 

@@ -255,6 +255,9 @@ impl Daemon {
                 max_connections: config.claims_api.max_connections as usize,
                 idle_timeout: (config.claims_api.idle_timeout_seconds > 0)
                     .then(|| Duration::from_secs(config.claims_api.idle_timeout_seconds.into())),
+                first_request_timeout: (config.claims_api.first_request_timeout_seconds > 0).then(
+                    || Duration::from_secs(config.claims_api.first_request_timeout_seconds.into()),
+                ),
                 ..Limits::default()
             },
         };
@@ -347,6 +350,14 @@ impl Daemon {
                     }
                 }
             }));
+        }
+        if config.nri.unconfirmed_grant_secs > 0 {
+            let age = Duration::from_secs(config.nri.unconfirmed_grant_secs);
+            tasks.push(tokio::spawn(release_unconfirmed_grants(
+                agent.clone(),
+                gate.clone(),
+                age,
+            )));
         }
         let e = engine.clone();
         tasks.push(tokio::spawn(flush_pending_updates(e)));
@@ -609,6 +620,22 @@ async fn watch_connection(
             Ok(_) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Releases, every second, the grants of containers the runtime never reported as existing
+/// within `age` of their CreateContainer (see [`Agent::release_unconfirmed`]). Only while the
+/// gate is open: while the runtime is away its events cannot come, and the next Synchronize
+/// lists every container that exists.
+async fn release_unconfirmed_grants(agent: Arc<Agent>, gate: Gate, age: Duration) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if gate.is_open() {
+            agent.release_unconfirmed(age).await;
+            agent.engine().wake_flusher();
         }
     }
 }
