@@ -45,9 +45,9 @@ use crate::checkpoint::{Change, Checkpoint, CheckpointOptions, Loaded};
 
 pub use ask::{ResultRef, check_results, describe, describe_held, describe_holding, same_ask};
 pub use claim_locks::{ClaimGuard, ClaimLocks};
+pub use claim_names::{ClaimCall, ClaimName};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
 pub use device_plugin::DevicePluginClaim;
-pub use claim_names::{ClaimCall, ClaimName};
 pub use error::{EngineError, NOT_GRANTED, NOT_RELEASED, STILL_PREPARED, Then};
 pub use identity::{CdiDirStatus, NodeLockStatus, cdi_moved_sentence, lock_lost_sentence};
 pub use pending::{Delivery, UpdateSink, in_handler, in_nri_handler};
