@@ -228,7 +228,8 @@ fn watch(shared: Arc<Shared>, req: &Request<Incoming>) -> Result<Response<Body>,
             }
         }
     });
-    let mut r = Response::new(StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed());
+    let mut r =
+        Response::new(StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx)).boxed());
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/json"),

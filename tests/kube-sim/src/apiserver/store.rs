@@ -132,7 +132,10 @@ impl Store {
         obj["metadata"]["resourceVersion"] = json!(self.next_rv());
         let ns = meta(&obj, "namespace").unwrap_or_default();
         let name = meta(&obj, "name").unwrap_or_default();
-        let kind = match self.objects.insert((resource.plural, ns, name), obj.clone()) {
+        let kind = match self
+            .objects
+            .insert((resource.plural, ns, name), obj.clone())
+        {
             Some(_) => "MODIFIED",
             None => "ADDED",
         };
