@@ -360,6 +360,8 @@ async fn run(
         streak: 0,
         last: None,
     };
+    // What the last round left on the server: slice name -> resourceVersion.
+    let mut published: Option<BTreeMap<String, String>> = None;
     registrations.borrow_and_update();
     loop {
         let src = source.borrow_and_update().clone();
@@ -385,8 +387,7 @@ async fn run(
             Ok(round) => {
                 backoff = config.backoff_min;
                 let caps = session.as_ref().map(|s| s.caps);
-                // What the round left on the server: slice name -> resourceVersion.
-                let published: Option<BTreeMap<String, String>> = session
+                published = session
                     .as_ref()
                     .and_then(|s| s.known.as_ref())
                     .map(|known| {
@@ -461,7 +462,10 @@ async fn run(
                 } else {
                     tracing::debug!(error = %e, failures, "publishing ResourceSlices failed again");
                 }
+                // What the server holds still shows while the rounds fail.
+                let seen = server::divergence(&view.borrow_and_update(), published.as_ref());
                 status.send_modify(|st| {
+                    st.server = seen;
                     st.state = PublishState::Retrying;
                     st.last_error = Some(e.to_string());
                     st.last_error_unix = Some(now());
