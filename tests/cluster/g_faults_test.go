@@ -184,6 +184,26 @@ func scenarioGKubeletRestartNewPod(t *testing.T, c *Cluster) {
 	if !waitFor(60*time.Second, func() bool { return len(c.accelClaims(t)) == 0 && len(c.specFiles()) == 0 }) {
 		t.Errorf("after g-new went nri-accel still holds %v, specs %v", c.accelClaims(t), c.specFiles())
 	}
+
+	// The same deletion by hand, with no registration to follow it: nri-accel's watch of its
+	// slices on the real API server sees it and publishes them again.
+	st, err = c.AccelStatus()
+	must(t, err)
+	repairs, _ := field(st, "kubernetes", "resource_slices", "repairs").(float64)
+	c.kubectl("delete", "resourceslices", "--field-selector", "spec.driver=accel.nri.io,spec.nodeName="+nodeName)
+	deleted := time.Now()
+	if !waitFor(120*time.Second, func() bool {
+		st, err := c.AccelStatus()
+		r, _ := field(st, "kubernetes", "resource_slices", "repairs").(float64)
+		n, _ := c.nodeSlices()
+		return err == nil && r > repairs && n == devices &&
+			field(st, "kubernetes", "resource_slices", "server", "state") == "in-sync"
+	}) {
+		st, _ := c.AccelStatus()
+		t.Fatalf("120 s after the slices were deleted by hand nri-accel's watch has not put them back; its status %v\nnri-accel:\n%s",
+			field(st, "kubernetes"), tail(c.accelLog(), 30))
+	}
+	t.Logf("slices deleted by hand: back %.1f s later (the watch's repair)", time.Since(deleted).Seconds())
 }
 
 // nodeSlices answers the devices in nri-accel's ResourceSlices of the node as the server holds
