@@ -433,7 +433,16 @@ async fn run(
                 )
                 .await;
                 match why {
-                    Wake::Inputs => {}
+                    Wake::Inputs => {
+                        // Writes conditional on versions the server no longer has would fail:
+                        // list first when its copy is known to differ.
+                        let seen = server::divergence(&view.borrow(), published.as_ref());
+                        if matches!(seen.state, ServerState::Missing | ServerState::Differs)
+                            && let Some(s) = session.as_mut()
+                        {
+                            s.known = None;
+                        }
+                    }
                     Wake::Resync => {
                         // Probe again: gates turned on since are picked up here.
                         session = None;
