@@ -179,6 +179,73 @@ async fn registration_gate_restart_refusal_and_shutdown() {
     assert!(!exists(&dirs.registration()));
 }
 
+/// Issue 39 item 0: a starting kubelet deletes every driver's ResourceSlices of its node, then
+/// registers the drivers again. The daemon (with its default 10-minute resync) must publish them
+/// again at once, and `status` must say what the server holds, not what was last sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_kubelets_wipe_is_republished_at_once_and_status_says_what_the_server_holds() {
+    let node = TestNode::new(Shape::default(), "");
+    let (dirs, api) = enable_dra(&node).await;
+    let _fake = runtime(&node).await;
+    let _daemon = node.spawn(&[]);
+    let mut kubelet = PluginWatcher::new(&dirs.registry);
+    kubelet.wait_for(DRIVER, WAIT).await.expect("registered");
+    let in_sync = |doc: &serde_json::Value| {
+        let r = &doc["kubernetes"]["resource_slices"];
+        r["state"] == "published" && r["server"]["state"] == "in-sync"
+    };
+    let doc = wait_for("the slices in sync on the server", || async {
+        let doc = node.status_json().await;
+        in_sync(&doc).then_some(doc)
+    })
+    .await;
+    let held = api.resource_slices();
+    let devices: usize = held
+        .iter()
+        .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
+        .sum();
+    let server = &doc["kubernetes"]["resource_slices"]["server"];
+    assert_eq!(server["slices"], held.len(), "{doc:#}");
+    assert_eq!(server["devices"], devices, "{doc:#}");
+    let (_, text, _) = node.cli(&["status"]).await;
+    let line = format!("resource slices on the server: {} slice", held.len());
+    assert!(text.contains(&line), "{text}");
+    assert!(
+        text.contains(&format!("{devices} devices (generation 1, checked ")),
+        "{text}"
+    );
+
+    // The kubelet restarts: it wipes the node's slices and registers the driver again.
+    let wiped = api.delete_collection(
+        &kube_sim::apiserver::RESOURCE_SLICES,
+        &format!("spec.nodeName={NODE}"),
+    );
+    assert_eq!(wiped, held.len());
+    kubelet.restart();
+    kubelet
+        .wait_for(DRIVER, WAIT)
+        .await
+        .expect("registered again");
+    // WAIT is a tenth of the resync: what brings them back is the registration or the watch.
+    let doc = wait_for("the slices back on the server", || async {
+        let doc = node.status_json().await;
+        let n: usize = api
+            .resource_slices()
+            .iter()
+            .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
+            .sum();
+        (n == devices && in_sync(&doc)).then_some(doc)
+    })
+    .await;
+    let r = &doc["kubernetes"]["resource_slices"];
+    let republished = r["registrations"].as_u64().unwrap_or(0) + r["repairs"].as_u64().unwrap_or(0);
+    assert!(
+        republished >= 2,
+        "the start's registration and the restart's: {r:#}"
+    );
+    assert_eq!(r["server"]["devices"], devices, "{r:#}");
+}
+
 /// Copies a sysfs fixture tree, links kept as links.
 fn copy_fixture(to: &Path) {
     let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/dgx-8xh100/.");

@@ -13,7 +13,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube_common::*;
 use kube_sim::apiserver::{ApiServer, Gates, RESOURCE_CLAIMS, RESOURCE_SLICES};
 use nri_accel::kube::publisher::PublishState;
-use nri_accel::kube::{ClaimError, KubeApi, KubeError, allocation_for, cleanup};
+use nri_accel::kube::{ClaimError, KubeApi, KubeError, SliceEvents, allocation_for, cleanup};
 use serde_json::json;
 
 #[tokio::test]
@@ -202,6 +202,21 @@ impl KubeApi for LyingProbe {
     }
     async fn list_slices(&self, driver: &str, node: &str) -> Result<Vec<ResourceSlice>, KubeError> {
         self.0.list_slices(driver, node).await
+    }
+    async fn list_slices_versioned(
+        &self,
+        driver: &str,
+        node: &str,
+    ) -> Result<(Vec<ResourceSlice>, String), KubeError> {
+        self.0.list_slices_versioned(driver, node).await
+    }
+    async fn watch_slices(
+        &self,
+        driver: &str,
+        node: &str,
+        rv: &str,
+    ) -> Result<SliceEvents, KubeError> {
+        self.0.watch_slices(driver, node, rv).await
     }
     async fn create_slice(
         &self,

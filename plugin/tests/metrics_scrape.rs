@@ -108,6 +108,8 @@ async fn exposition_names_every_family() {
     metrics.set_write_errors(2, 1);
     metrics.set_refusals(&refusals);
     metrics.record_reconcile(nri_accel::metrics::ReconcileAction::RolledBack, 2);
+    metrics.set_resource_slices(true, 5, 2, 1);
+    metrics.set_resource_slices(true, 5, 2, 1);
     let (_, body) = get(server.local_addr(), "GET", "/metrics").await;
     for series in [
         r#"nri_accel_unprepare_duration_seconds_count{result="error"} 1"#,
@@ -125,6 +127,10 @@ async fn exposition_names_every_family() {
         "nri_accel_cdi_write_errors_total 1",
         r#"nri_accel_reconcile_actions_total{action="rolled_back"} 2"#,
         r#"nri_accel_reconcile_actions_total{action="failed"} 0"#,
+        "nri_accel_resource_slices_in_sync 1",
+        "nri_accel_resource_slice_devices_on_server 5",
+        r#"nri_accel_resource_slice_republishes_total{reason="kubelet_registration"} 2"#,
+        r#"nri_accel_resource_slice_republishes_total{reason="server_differs"} 1"#,
         "# TYPE nri_accel_unprepare_duration_seconds histogram",
         "# UNIT nri_accel_unprepare_duration_seconds seconds",
         "# TYPE nri_accel_claims gauge",

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -123,4 +124,113 @@ func scenarioGKubeletRestart(t *testing.T, c *Cluster) {
 	if !waitFor(60*time.Second, func() bool { return len(c.accelClaims(t)) == 0 && len(c.specFiles()) == 0 }) {
 		t.Errorf("after g-kill went nri-accel still holds %v, specs %v", c.accelClaims(t), c.specFiles())
 	}
+}
+
+// Scenario g, a new DRA pod right after a kubelet restart (issue 39 item 0): a starting kubelet
+// deletes every driver's ResourceSlices of its node and then registers the drivers again;
+// nri-accel must publish them again at once (its resync is 10 minutes), so a pod with a claim
+// created the moment the kubelet is restarted is scheduled and runs. Logs how long the slices
+// and the pod took from the restart.
+func scenarioGKubeletRestartNewPod(t *testing.T, c *Cluster) {
+	devices, uids := c.nodeSlices()
+	if devices == 0 {
+		t.Fatalf("no devices of nri-accel on the server before the restart: %v", c.kubectl("get", "resourceslices", "-o", "wide"))
+	}
+	st, err := c.AccelStatus()
+	must(t, err)
+	republished := republishes(st)
+	c.Kubelet.Restart(t)
+	restarted := time.Now()
+	c.apply(podYAML("g-new", "one-gpu"))
+	// Back: nri-accel has published again since the restart, its watch sees on the server what it
+	// published, and the server holds as many devices as before.
+	if !waitFor(180*time.Second, func() bool {
+		st, err := c.AccelStatus()
+		if err != nil || republishes(st) <= republished {
+			return false
+		}
+		if field(st, "kubernetes", "resource_slices", "server", "state") != "in-sync" {
+			return false
+		}
+		n, _ := c.nodeSlices()
+		return n == devices
+	}) {
+		st, _ := c.AccelStatus()
+		n, _ := c.nodeSlices()
+		t.Fatalf("180 s after the kubelet restart nri-accel has not published its slices again (%d of %d devices on the server); its status %v\nnri-accel:\n%s\nkubelet:\n%s",
+			n, devices, field(st, "kubernetes"), tail(c.accelLog(), 30), tail(c.Kubelet.Log, 30))
+	}
+	back := time.Since(restarted)
+	_, after := c.nodeSlices()
+	wiped := true
+	for uid := range uids {
+		if after[uid] {
+			wiped = false
+		}
+	}
+	// Well under the resync: the pod waits for the slices, then for the scheduler's backoff.
+	p := c.waitRunning(t, "g-new", 150*time.Second)
+	running := time.Since(restarted)
+	st, _ = c.AccelStatus()
+	t.Logf("kubelet restart: slices wiped by the kubelet %v; back on the server %.1f s after the restart, g-new Running after %.1f s (nri-accel: %v republishes for the kubelet's registration, %v for a difference on the server)",
+		wiped, back.Seconds(), running.Seconds(), field(st, "kubernetes", "resource_slices", "registrations"), field(st, "kubernetes", "resource_slices", "repairs"))
+	if got := allocatedDevices(c.claimOfPod(t, p)); len(got) != 1 || !strings.HasSuffix(got[0], "/whole-accel0") {
+		t.Errorf("g-new's claim allocated %v, want whole-accel0", got)
+	}
+	if _, err := c.ExecIn("default", "g-new", "app", "test", "-c", c.Devs.Path(0)); err != nil {
+		t.Errorf("the device node is not in g-new: %v", err)
+	}
+	c.deletePod(t, "g-new")
+	if !waitFor(60*time.Second, func() bool { return len(c.accelClaims(t)) == 0 && len(c.specFiles()) == 0 }) {
+		t.Errorf("after g-new went nri-accel still holds %v, specs %v", c.accelClaims(t), c.specFiles())
+	}
+
+	// The same deletion by hand, with no registration to follow it: nri-accel's watch of its
+	// slices on the real API server sees it and publishes them again.
+	st, err = c.AccelStatus()
+	must(t, err)
+	repairs, _ := field(st, "kubernetes", "resource_slices", "repairs").(float64)
+	c.kubectl("delete", "resourceslices", "--field-selector", "spec.driver=accel.nri.io,spec.nodeName="+nodeName)
+	deleted := time.Now()
+	if !waitFor(120*time.Second, func() bool {
+		st, err := c.AccelStatus()
+		r, _ := field(st, "kubernetes", "resource_slices", "repairs").(float64)
+		n, _ := c.nodeSlices()
+		return err == nil && r > repairs && n == devices &&
+			field(st, "kubernetes", "resource_slices", "server", "state") == "in-sync"
+	}) {
+		st, _ := c.AccelStatus()
+		t.Fatalf("120 s after the slices were deleted by hand nri-accel's watch has not put them back; its status %v\nnri-accel:\n%s",
+			field(st, "kubernetes"), tail(c.accelLog(), 30))
+	}
+	t.Logf("slices deleted by hand: back %.1f s later (the watch's repair)", time.Since(deleted).Seconds())
+}
+
+// nodeSlices answers the devices in nri-accel's ResourceSlices of the node as the server holds
+// them, and the slices' UIDs (0 and none when the server cannot be read).
+func (c *Cluster) nodeSlices() (int, map[string]bool) {
+	out, err := c.kubectlErr("get", "resourceslices", "--field-selector",
+		"spec.driver=accel.nri.io,spec.nodeName="+nodeName, "-o", "json")
+	uids := map[string]bool{}
+	if err != nil {
+		return 0, uids
+	}
+	var o obj
+	if json.Unmarshal([]byte(out), &o) != nil {
+		return 0, uids
+	}
+	n := 0
+	for _, s := range list(o, "items") {
+		n += len(list(s, "spec", "devices"))
+		uids[str(s, "metadata", "uid")] = true
+	}
+	return n, uids
+}
+
+// republishes answers how often nri-accel published its slices anew because the kubelet
+// registered the driver or the server's copy differed (`status --json`).
+func republishes(st map[string]any) float64 {
+	r, _ := field(st, "kubernetes", "resource_slices", "registrations").(float64)
+	d, _ := field(st, "kubernetes", "resource_slices", "repairs").(float64)
+	return r + d
 }

@@ -74,6 +74,7 @@ func TestCluster(t *testing.T) {
 				scenario{"g_kill9_mid_prepare", scenarioGKill9},
 				scenario{"g_apiserver_down_60s", scenarioGAPIServerDown},
 				scenario{"g_kubelet_restart", scenarioGKubeletRestart},
+				scenario{"g_kubelet_restart_new_pod", scenarioGKubeletRestartNewPod},
 			)
 		})
 	}

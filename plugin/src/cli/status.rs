@@ -137,9 +137,10 @@ fn kubernetes(k: &Value) -> String {
         s(&k["node"]),
         s(&k["pool"])
     );
+    let _ = writeln!(out, "{}", on_the_server(&r["server"]));
     let _ = writeln!(
         out,
-        "resource slices: {} (generation {}), {} devices, {} counter sets published, {} writes",
+        "resource slices written: {} (generation {}), {} devices, {} counter sets, {} writes",
         s(&r["state"]),
         s(&r["generation"]),
         s(&r["devices"]),
@@ -180,6 +181,52 @@ fn kubernetes(k: &Value) -> String {
         let _ = writeln!(out, "last error ({} in a row): {e}", s(&r["failures"]));
     }
     out
+}
+
+/// A Unix time as `HH:MM:SS UTC`.
+fn clock(unix: &Value) -> String {
+    match unix.as_u64() {
+        Some(t) => {
+            let day = t % 86_400;
+            format!(
+                "{:02}:{:02}:{:02} UTC",
+                day / 3600,
+                day % 3600 / 60,
+                day % 60
+            )
+        }
+        None => "never".into(),
+    }
+}
+
+/// What the API server holds of the node's slices, as the publisher's watch sees it.
+fn on_the_server(server: &Value) -> String {
+    let checked = clock(&server["checked_unix"]);
+    let plural = |n: &Value, one: &str, many: &str| {
+        let n = n.as_u64().unwrap_or(0);
+        format!("{n} {}", if n == 1 { one } else { many })
+    };
+    match server["state"].as_str() {
+        Some("in-sync") => format!(
+            "resource slices on the server: {}, {} (generation {}, checked {checked})",
+            plural(&server["slices"], "slice", "slices"),
+            plural(&server["devices"], "device", "devices"),
+            s(&server["generation"]),
+        ),
+        Some("missing") => {
+            format!("resource slices MISSING on the server (checked {checked}): republishing")
+        }
+        Some("differs") => format!(
+            "resource slices on the server DIFFER from what was published ({} missing, {} changed by someone else, {} extra; checked {checked}): republishing",
+            s(&server["missing"]),
+            s(&server["changed"]),
+            s(&server["extra"]),
+        ),
+        _ => match server["error"].as_str() {
+            Some(e) => format!("resource slices on the server: unknown, the watch fails: {e}"),
+            None => "resource slices on the server: not known yet".to_string(),
+        },
+    }
 }
 
 /// The DRA driver's kubelet side: the registration's verdict and the sockets.

@@ -402,6 +402,18 @@ impl Daemon {
         } else {
             None
         };
+        if let Some(k) = &kube {
+            if let Some(d) = &dra {
+                tasks.push(tokio::spawn(follow_registration(
+                    d.subscribe(),
+                    k.registration_signal(),
+                )));
+            }
+            tasks.push(tokio::spawn(follow_publisher(
+                k.publisher().subscribe(),
+                metrics.clone(),
+            )));
+        }
         let device_plugins = config.device_plugin.enabled.then(|| {
             let plugins = crate::kubelet::device_plugin::DevicePlugins::start(
                 &config.device_plugin,
@@ -533,6 +545,43 @@ impl Daemon {
         // What is published stays: the devices are still there. `nri-accel cleanup` removes it.
         if let Some(k) = self.kube.take() {
             k.publisher().stop();
+        }
+    }
+}
+
+/// Each time the kubelet registers the DRA driver (again), the node's ResourceSlices are
+/// published again: a starting kubelet deletes every driver's slices of its node.
+async fn follow_registration(
+    mut verdicts: tokio::sync::watch::Receiver<crate::kubelet::RegistrationState>,
+    signal: crate::kube::publisher::RegistrationSignal,
+) {
+    loop {
+        if *verdicts.borrow_and_update() == crate::kubelet::RegistrationState::Registered {
+            signal.registered();
+        }
+        if verdicts.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Keeps the publisher's metrics (the server's copy in sync, republishes by reason) current.
+async fn follow_publisher(
+    mut status: tokio::sync::watch::Receiver<crate::kube::PublisherStatus>,
+    metrics: Arc<Metrics>,
+) {
+    loop {
+        {
+            let st = status.borrow_and_update();
+            metrics.set_resource_slices(
+                st.server.state == crate::kube::publisher::server::ServerState::InSync,
+                st.server.devices as u64,
+                st.registrations,
+                st.repairs,
+            );
+        }
+        if status.changed().await.is_err() {
+            return;
         }
     }
 }

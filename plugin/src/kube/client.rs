@@ -4,20 +4,32 @@ use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{
+    Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use super::{FIELD_MANAGER, KubeApi, KubeError};
+use super::{FIELD_MANAGER, KubeApi, KubeError, SliceEvent, SliceEvents};
 
 /// How long one API call may take before it counts as a stall (connect, send, answer).
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long the server keeps one watch open before ending it (the watcher then resumes).
+const WATCH_SECONDS: u32 = 240;
+
+/// How long a watch may stay silent before its connection counts as lost: a little longer than
+/// the server keeps it open.
+const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 30);
 
 /// The API server through kube-rs (rustls with aws-lc-rs; `http://` URLs work too).
 #[derive(Clone)]
 pub struct KubeClient {
     client: kube::Client,
+    /// The same server with a read timeout that outlasts a quiet watch.
+    watch_client: kube::Client,
 }
 
 impl KubeClient {
@@ -77,9 +89,16 @@ impl KubeClient {
         // kubelet retries a failed prepare. A second, hidden retry layer would only delay both.
         config.default_retry = false;
         let url = config.cluster_url.to_string();
+        let mut watching = config.clone();
+        watching.read_timeout = Some(WATCH_READ_TIMEOUT);
         let client = kube::Client::try_from(config)
             .map_err(|e| KubeError::Config(format!("client for {url}: {e}")))?;
-        Ok(KubeClient { client })
+        let watch_client = kube::Client::try_from(watching)
+            .map_err(|e| KubeError::Config(format!("client for {url}: {e}")))?;
+        Ok(KubeClient {
+            client,
+            watch_client,
+        })
     }
 
     fn slices(&self) -> Api<ResourceSlice> {
@@ -155,6 +174,52 @@ impl KubeApi for KubeClient {
             .await
             .map(|list| list.items)
             .map_err(|e| KubeError::from_kube(format!("the ResourceSlices of node {node}"), e))
+    }
+
+    async fn list_slices_versioned(
+        &self,
+        driver: &str,
+        node: &str,
+    ) -> Result<(Vec<ResourceSlice>, String), KubeError> {
+        let params =
+            ListParams::default().fields(&format!("spec.driver={driver},spec.nodeName={node}"));
+        let list =
+            self.slices().list(&params).await.map_err(|e| {
+                KubeError::from_kube(format!("the ResourceSlices of node {node}"), e)
+            })?;
+        Ok((
+            list.items,
+            list.metadata.resource_version.unwrap_or_default(),
+        ))
+    }
+
+    async fn watch_slices(
+        &self,
+        driver: &str,
+        node: &str,
+        resource_version: &str,
+    ) -> Result<SliceEvents, KubeError> {
+        let what = format!("the ResourceSlices of node {node}");
+        let params = WatchParams::default()
+            .fields(&format!("spec.driver={driver},spec.nodeName={node}"))
+            .timeout(WATCH_SECONDS);
+        let events = Api::<ResourceSlice>::all(self.watch_client.clone())
+            .watch(&params, resource_version)
+            .await
+            .map_err(|e| KubeError::from_kube(what.clone(), e))?;
+        Ok(events
+            .map(move |event| match event {
+                Ok(WatchEvent::Added(s) | WatchEvent::Modified(s)) => Ok(SliceEvent::Applied(s)),
+                Ok(WatchEvent::Deleted(s)) => Ok(SliceEvent::Deleted(s)),
+                Ok(WatchEvent::Bookmark(b)) => {
+                    Ok(SliceEvent::Bookmark(b.metadata.resource_version))
+                }
+                Ok(WatchEvent::Error(status)) => {
+                    Err(KubeError::from_kube(what.clone(), kube::Error::Api(status)))
+                }
+                Err(e) => Err(KubeError::from_kube(what.clone(), e)),
+            })
+            .boxed())
     }
 
     async fn create_slice(

@@ -26,6 +26,15 @@ pub enum KubeError {
         /// The server's message (names the field and the rule).
         message: String,
     },
+    /// A watch asked for a resourceVersion the server no longer has (410 Gone, `Expired`):
+    /// list again and watch from the list's version.
+    #[error("the API server no longer has the history of {what} a watch asked for: {message}")]
+    Expired {
+        /// The objects watched.
+        what: String,
+        /// The server's message.
+        message: String,
+    },
     /// The credentials are missing or lack the permission (401, 403).
     #[error(
         "the API server denied access to {what}: {message}; check the service account's RBAC (packaging/kubernetes/rbac.yaml)"
@@ -79,6 +88,7 @@ impl KubeError {
                 match status.code {
                     404 => KubeError::NotFound { what },
                     409 => KubeError::Conflict { what, message },
+                    410 => KubeError::Expired { what, message },
                     422 => KubeError::Invalid { what, message },
                     401 | 403 => KubeError::Denied { what, message },
                     408 | 429 | 500..=599 => KubeError::Unavailable { what, message },
@@ -95,6 +105,11 @@ impl KubeError {
             kube::Error::Service(e) => KubeError::Unavailable {
                 what,
                 message: chain(e.as_ref()),
+            },
+            // A watch whose connection broke or went silent.
+            kube::Error::ReadEvents(e) => KubeError::Unavailable {
+                what,
+                message: chain(&e),
             },
             kube::Error::Auth(e) => KubeError::Denied {
                 what,

@@ -20,6 +20,7 @@ pub mod slices;
 pub mod topology;
 
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
@@ -33,6 +34,22 @@ pub use side::{KubeSide, source_of};
 /// The field manager named on every write, so `kubectl get -o yaml --show-managed-fields`
 /// shows which fields are ours.
 pub const FIELD_MANAGER: &str = "nri-accel";
+
+/// A change to one of the node's ResourceSlices, as a watch reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SliceEvent {
+    /// The slice was created or changed; this is it now.
+    Applied(ResourceSlice),
+    /// The slice was deleted; this is it as it was (with the deletion's resourceVersion).
+    Deleted(ResourceSlice),
+    /// Nothing changed up to this resourceVersion (a watch resumes from it).
+    Bookmark(String),
+}
+
+/// The events of one watch, until the server ends it. An `Err` ends it too:
+/// [`KubeError::Expired`] means the resourceVersion is too old and the slices must be listed
+/// again.
+pub type SliceEvents = BoxStream<'static, Result<SliceEvent, KubeError>>;
 
 /// The API server calls the DRA driver makes. Implemented by [`KubeClient`]; tests run it
 /// against the `kube-sim` API server.
@@ -48,6 +65,23 @@ pub trait KubeApi: Send + Sync + 'static {
     /// The ResourceSlices of `driver` on node `node` (a field selector on `spec.driver` and
     /// `spec.nodeName`).
     async fn list_slices(&self, driver: &str, node: &str) -> Result<Vec<ResourceSlice>, KubeError>;
+
+    /// The same list and its resourceVersion, where a watch of the slices starts.
+    async fn list_slices_versioned(
+        &self,
+        driver: &str,
+        node: &str,
+    ) -> Result<(Vec<ResourceSlice>, String), KubeError>;
+
+    /// Watches the ResourceSlices of `driver` on `node` from `resource_version` on. Resolves
+    /// once the server accepted the watch; the stream ends when the server ends it (it does
+    /// after a few minutes) or the connection is lost.
+    async fn watch_slices(
+        &self,
+        driver: &str,
+        node: &str,
+        resource_version: &str,
+    ) -> Result<SliceEvents, KubeError>;
 
     /// Creates a ResourceSlice and returns it as stored. `dry_run` stores nothing: the answer
     /// shows what the server would keep (fields of gates that are off are gone).

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::publisher::{PublishSource, Publisher, PublisherConfig, PublisherHandle};
+use super::publisher::{
+    Inputs, PublishSource, Publisher, PublisherConfig, PublisherHandle, RegistrationSignal,
+};
 use super::{DEFAULT_CALL_TIMEOUT, KubeApi, KubeClient, KubeError, topology};
 use crate::config::Config;
 use crate::device_health::HealthReport;
@@ -23,6 +25,7 @@ pub struct KubeSide {
     publisher: PublisherHandle,
     source: watch::Sender<Arc<PublishSource>>,
     unhealthy: Arc<watch::Sender<BTreeSet<String>>>,
+    registrations: RegistrationSignal,
 }
 
 /// Replaces the set in `tx` when it differs.
@@ -80,10 +83,19 @@ impl KubeSide {
     ) -> KubeSide {
         let (source_tx, source_rx) = watch::channel(Arc::new(source));
         let (unhealthy_tx, unhealthy_rx) = watch::channel(BTreeSet::new());
+        let (registrations, registrations_rx) = RegistrationSignal::new();
         let driver = publisher.driver.clone();
         let node = publisher.node.clone();
         tracing::info!(%driver, %node, "publishing the node's devices as ResourceSlices");
-        let publisher = Publisher::spawn(api.clone(), publisher, source_rx, unhealthy_rx);
+        let publisher = Publisher::spawn(
+            api.clone(),
+            publisher,
+            Inputs {
+                source: source_rx,
+                unhealthy: unhealthy_rx,
+                registrations: registrations_rx,
+            },
+        );
         KubeSide {
             api,
             driver,
@@ -91,7 +103,14 @@ impl KubeSide {
             publisher,
             source: source_tx,
             unhealthy: Arc::new(unhealthy_tx),
+            registrations,
         }
+    }
+
+    /// What to call each time the kubelet registers the DRA driver: a starting kubelet deletes
+    /// every driver's slices of its node and expects the drivers to publish them again.
+    pub fn registration_signal(&self) -> RegistrationSignal {
+        self.registrations.clone()
     }
 
     /// The API server client (the kubelet-facing DRA service reads claims through it).

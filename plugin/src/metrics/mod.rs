@@ -121,6 +121,11 @@ struct RefusalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActionLabels {
     action: &'static str,
 }
@@ -158,6 +163,9 @@ impl ReconcileAction {
         }
     }
 }
+
+/// The reasons of `resource_slice_republishes`, in [`Metrics::set_resource_slices`]'s order.
+const REPUBLISH_REASONS: [&str; 2] = ["kubelet_registration", "server_differs"];
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -198,6 +206,9 @@ pub struct Metrics {
     checkpoint_write_errors: Counter,
     cdi_write_errors: Counter,
     reconcile_actions: Family<ActionLabels, Counter>,
+    slices_in_sync: Gauge,
+    slice_devices_on_server: Gauge,
+    slice_republishes: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -237,6 +248,12 @@ impl Metrics {
         let checkpoint_write_errors = Counter::default();
         let cdi_write_errors = Counter::default();
         let reconcile_actions = Family::<ActionLabels, Counter>::default();
+        let slices_in_sync = Gauge::default();
+        let slice_devices_on_server = Gauge::default();
+        let slice_republishes = Family::<ReasonLabels, Counter>::default();
+        for reason in REPUBLISH_REASONS {
+            let _zero = slice_republishes.get_or_create(&ReasonLabels { reason });
+        }
         for action in ReconcileAction::ALL {
             // Created at 0, so a dashboard shows "none" rather than "no data".
             let _zero = reconcile_actions.get_or_create(&ActionLabels {
@@ -338,6 +355,22 @@ impl Metrics {
             device_healthy.clone(),
         );
 
+        registry.register(
+            "resource_slices_in_sync",
+            "1 while the API server holds exactly the ResourceSlices nri-accel published for this node (followed by a watch), 0 while they are missing or differ (being republished) or the watch is down",
+            slices_in_sync.clone(),
+        );
+        registry.register(
+            "resource_slice_devices_on_server",
+            "DRA devices in this node's ResourceSlices as the API server holds them now",
+            slice_devices_on_server.clone(),
+        );
+        registry.register(
+            "resource_slice_republishes",
+            "Rounds that published the node's ResourceSlices anew, by reason: kubelet_registration (a starting kubelet deletes them) or server_differs (the server's copy was missing or changed)",
+            slice_republishes.clone(),
+        );
+
         Self {
             registry,
             prepare_seconds,
@@ -358,6 +391,32 @@ impl Metrics {
             checkpoint_write_errors,
             cdi_write_errors,
             reconcile_actions,
+            slices_in_sync,
+            slice_devices_on_server,
+            slice_republishes,
+        }
+    }
+
+    /// Record what the API server holds of the node's ResourceSlices: whether it is what was
+    /// published, its devices, and the publisher's totals of republishes by reason (which only
+    /// grow).
+    pub fn set_resource_slices(
+        &self,
+        in_sync: bool,
+        devices_on_server: u64,
+        registrations: u64,
+        repairs: u64,
+    ) {
+        self.slices_in_sync.set(i64::from(in_sync));
+        self.slice_devices_on_server
+            .set(saturating_i64(devices_on_server));
+        for (reason, total) in REPUBLISH_REASONS.into_iter().zip([registrations, repairs]) {
+            catch_up(
+                &self
+                    .slice_republishes
+                    .get_or_create(&ReasonLabels { reason }),
+                total,
+            );
         }
     }
 

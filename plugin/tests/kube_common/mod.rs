@@ -91,6 +91,7 @@ pub fn fast_config() -> PublisherConfig {
         call_timeout: Duration::from_millis(500),
         backoff_min: Duration::from_millis(20),
         backoff_max: Duration::from_millis(200),
+        settle: Duration::from_millis(50),
         ..PublisherConfig::new(DRIVER, NODE)
     }
 }

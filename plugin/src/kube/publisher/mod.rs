@@ -1,10 +1,14 @@
 //! The ResourceSlice publisher: one task that keeps the node's pool on the API server equal to
 //! what [`crate::kube::slices`] builds from the inventory, the pools and the device health.
 //!
-//! It republishes when its inputs change (inventory or config, a device's health) and every
-//! `resync` interval (to repair slices someone else changed or deleted). While the API server is
-//! down, refuses or stalls, it retries with exponential backoff and reports the last error in
-//! `status`; the daemon never waits for it. Every API call has a deadline.
+//! It republishes when its inputs change (inventory or config, a device's health), when the
+//! kubelet registers the driver (again: a restarted kubelet deletes every driver's slices of its
+//! node and expects them published anew), when what the API server holds differs from what was
+//! published (a watch follows the node's slices: [`server`]), and every `resync` interval as a
+//! backstop. A difference must last `settle` before it counts, and repeated repairs back off up
+//! to `backoff_max`, so a writer fighting over the slices cannot make it loop. While the API
+//! server is down, refuses or stalls, it retries with exponential backoff and reports the last
+//! error in `status`; the daemon never waits for it. Every API call has a deadline.
 //!
 //! Before publishing it asks the server (dry run) which gated fields it keeps, and after each
 //! write it compares what was stored with what was sent; see [`crate::kube::slices`] for what is
@@ -13,6 +17,7 @@
 //! withdrawn device cannot be allocated on any cluster. Claims already prepared keep their devices.
 
 mod probe;
+pub mod server;
 mod sync;
 pub mod wire;
 
@@ -25,10 +30,12 @@ use policies::{Inventory, PoolConfig, PublishedDevice};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::slices::layout::SliceSummary;
 use super::slices::{Capabilities, Withdrawal};
 use super::{KubeApi, KubeError};
+use server::{ServerState, ServerStatus, ServerView};
 pub use sync::missing_gates;
 use wire::PoolMeta;
 
@@ -45,13 +52,17 @@ pub struct PublisherConfig {
     pub backoff_min: Duration,
     /// Longest retry delay.
     pub backoff_max: Duration,
-    /// Republish this often even without a change (repairs slices changed by others).
+    /// Republish this often even without a change (a backstop: the watch repairs slices
+    /// changed or deleted by others sooner).
     pub resync: Duration,
+    /// How long the server's copy must differ from what was published before it is repaired
+    /// (the watch's events of our own writes arrive a little after the writes' answers).
+    pub settle: Duration,
 }
 
 impl PublisherConfig {
     /// Defaults for `driver` on `node`: 20 s per call, retries from 0.5 s to 30 s, resync every
-    /// 10 minutes.
+    /// 10 minutes, a difference on the server repaired after 1 s.
     pub fn new(driver: &str, node: &str) -> PublisherConfig {
         PublisherConfig {
             driver: driver.to_string(),
@@ -60,6 +71,7 @@ impl PublisherConfig {
             backoff_min: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             resync: Duration::from_secs(600),
+            settle: Duration::from_secs(1),
         }
     }
 }
@@ -86,8 +98,30 @@ pub enum PublishState {
     Starting,
     /// The pool on the server matches the inventory.
     Published,
+    /// The server's copy differs from what was published (or the kubelet registered the
+    /// driver again): publishing anew.
+    Republishing,
     /// The last round failed; retrying.
     Retrying,
+}
+
+/// Why a round republishes what was already published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Republish {
+    /// The kubelet registered the driver (again).
+    Registration,
+    /// The server's copy differed from what was published.
+    ServerDiffers,
+}
+
+impl Republish {
+    /// The label value (metrics, status).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Republish::Registration => "kubelet_registration",
+            Republish::ServerDiffers => "server_differs",
+        }
+    }
 }
 
 /// What `status` shows about the published pool.
@@ -125,9 +159,15 @@ pub struct PublisherStatus {
     pub last_error_unix: Option<u64>,
     /// Consecutive failed rounds.
     pub failures: u64,
+    /// What the API server holds of the pool (followed by a watch), against what was published.
+    pub server: ServerStatus,
+    /// Rounds made because the kubelet registered the driver.
+    pub registrations: u64,
+    /// Rounds made because the server's copy differed from what was published.
+    pub repairs: u64,
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -150,28 +190,74 @@ pub(crate) async fn call<T>(
 /// Starts publishers.
 pub struct Publisher;
 
-/// The running publisher: its status, and the task (stopped when the handle is dropped).
+/// The running publisher: its status, and its tasks (stopped when the handle is dropped).
 pub struct PublisherHandle {
     status: watch::Receiver<PublisherStatus>,
     task: JoinHandle<()>,
+    watcher: JoinHandle<()>,
+}
+
+/// Tells the publisher that the kubelet registered the driver (again). Clones signal the same
+/// publisher.
+#[derive(Debug, Clone)]
+pub struct RegistrationSignal(Arc<watch::Sender<u64>>);
+
+impl RegistrationSignal {
+    /// A signal and the receiver to put in [`Inputs::registrations`].
+    pub fn new() -> (RegistrationSignal, watch::Receiver<u64>) {
+        let (tx, rx) = watch::channel(0);
+        (RegistrationSignal(Arc::new(tx)), rx)
+    }
+
+    /// The kubelet registered the driver: the node's slices are published again.
+    pub fn registered(&self) {
+        self.0.send_modify(|n| *n += 1);
+    }
+}
+
+/// What a publisher publishes from and what makes it publish again.
+pub struct Inputs {
+    /// The inventory and pools; every new value republishes.
+    pub source: watch::Receiver<Arc<PublishSource>>,
+    /// The devices withdrawn as unhealthy.
+    pub unhealthy: watch::Receiver<BTreeSet<String>>,
+    /// Bumped each time the kubelet registers the driver: the kubelet wipes the node's slices
+    /// when it starts and expects them published again.
+    pub registrations: watch::Receiver<u64>,
 }
 
 impl Publisher {
-    /// Spawns the publisher of `config.node`'s pool: publishes `source` (and every later value)
-    /// without the devices `unhealthy` names, through `api`.
+    /// Spawns the publisher of `config.node`'s pool: publishes `inputs.source` (and every later
+    /// value) without the devices `inputs.unhealthy` names, through `api`, and a watcher of what
+    /// the server holds of it.
     pub fn spawn(
         api: Arc<dyn KubeApi>,
         config: PublisherConfig,
-        source: watch::Receiver<Arc<PublishSource>>,
-        unhealthy: watch::Receiver<BTreeSet<String>>,
+        inputs: Inputs,
     ) -> PublisherHandle {
         let (tx, rx) = watch::channel(PublisherStatus {
             driver: config.driver.clone(),
             node: config.node.clone(),
             ..PublisherStatus::default()
         });
-        let task = tokio::spawn(run(api, config, source, unhealthy, tx));
-        PublisherHandle { status: rx, task }
+        let (view_tx, view_rx) = watch::channel(ServerView::default());
+        let watcher = tokio::spawn(server::follow(
+            api.clone(),
+            config.driver.clone(),
+            config.node.clone(),
+            server::Timing {
+                call_timeout: config.call_timeout,
+                backoff_min: config.backoff_min,
+                backoff_max: config.backoff_max,
+            },
+            view_tx,
+        ));
+        let task = tokio::spawn(run(api, config, inputs, view_rx, tx));
+        PublisherHandle {
+            status: rx,
+            task,
+            watcher,
+        }
     }
 }
 
@@ -198,12 +284,13 @@ impl PublisherHandle {
     /// Stops the publisher; what is published stays (`nri-accel cleanup` removes it).
     pub fn stop(&self) {
         self.task.abort();
+        self.watcher.abort();
     }
 }
 
 impl Drop for PublisherHandle {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
     }
 }
 
@@ -214,13 +301,53 @@ async fn changed<T>(rx: &mut watch::Receiver<T>) {
     }
 }
 
+/// Resolves at `at`, never when there is none.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Repairs of the server's copy close together: each waits twice as long as the one before,
+/// from nothing up to `backoff_max`; a quiet `backoff_max` starts over.
+struct Repairs {
+    streak: u32,
+    last: Option<Instant>,
+}
+
+impl Repairs {
+    /// How long to wait before the next repair, counting it.
+    fn next_delay(&mut self, config: &PublisherConfig) -> Duration {
+        let now = Instant::now();
+        if self
+            .last
+            .is_none_or(|last| now.duration_since(last) > config.backoff_max)
+        {
+            self.streak = 0;
+        }
+        let delay = match self.streak {
+            0 => Duration::ZERO,
+            n => (config.backoff_min * 2u32.saturating_pow(n - 1)).min(config.backoff_max),
+        };
+        self.streak = self.streak.saturating_add(1);
+        self.last = Some(now + delay);
+        delay
+    }
+}
+
 async fn run(
     api: Arc<dyn KubeApi>,
     config: PublisherConfig,
-    mut source: watch::Receiver<Arc<PublishSource>>,
-    mut unhealthy: watch::Receiver<BTreeSet<String>>,
+    inputs: Inputs,
+    mut view: watch::Receiver<ServerView>,
     status: watch::Sender<PublisherStatus>,
 ) {
+    let Inputs {
+        mut source,
+        mut unhealthy,
+        mut registrations,
+    } = inputs;
     let mut meta = PoolMeta {
         driver: config.driver.clone(),
         node: config.node.clone(),
@@ -229,6 +356,13 @@ async fn run(
     };
     let mut session = None;
     let mut backoff = config.backoff_min;
+    let mut repairs = Repairs {
+        streak: 0,
+        last: None,
+    };
+    // What the last round left on the server: slice name -> resourceVersion.
+    let mut published: Option<BTreeMap<String, String>> = None;
+    registrations.borrow_and_update();
     loop {
         let src = source.borrow_and_update().clone();
         let bad = unhealthy.borrow_and_update().clone();
@@ -253,6 +387,15 @@ async fn run(
             Ok(round) => {
                 backoff = config.backoff_min;
                 let caps = session.as_ref().map(|s| s.caps);
+                published = session
+                    .as_ref()
+                    .and_then(|s| s.known.as_ref())
+                    .map(|known| {
+                        known
+                            .iter()
+                            .map(|e| (e.name.clone(), e.resource_version.clone()))
+                            .collect()
+                    });
                 status.send_modify(|st| {
                     st.state = PublishState::Published;
                     st.generation = round.plan.generation;
@@ -278,12 +421,44 @@ async fn run(
                         "ResourceSlices published"
                     );
                 }
-                tokio::select! {
-                    _ = changed(&mut source) => {}
-                    _ = changed(&mut unhealthy) => {}
-                    _ = tokio::time::sleep(config.resync) => {
+                let why = wait(
+                    &config,
+                    &mut source,
+                    &mut unhealthy,
+                    &mut registrations,
+                    &mut view,
+                    published.as_ref(),
+                    &mut repairs,
+                    &status,
+                )
+                .await;
+                match why {
+                    Wake::Inputs => {
+                        // Writes conditional on versions the server no longer has would fail:
+                        // list first when its copy is known to differ.
+                        let seen = server::divergence(&view.borrow(), published.as_ref());
+                        if matches!(seen.state, ServerState::Missing | ServerState::Differs)
+                            && let Some(s) = session.as_mut()
+                        {
+                            s.known = None;
+                        }
+                    }
+                    Wake::Resync => {
                         // Probe again: gates turned on since are picked up here.
                         session = None;
+                    }
+                    Wake::Republish(reason) => {
+                        // The server changed behind our back: list it again.
+                        if let Some(s) = session.as_mut() {
+                            s.known = None;
+                        }
+                        status.send_modify(|st| {
+                            st.state = PublishState::Republishing;
+                            match reason {
+                                Republish::Registration => st.registrations += 1,
+                                Republish::ServerDiffers => st.repairs += 1,
+                            }
+                        });
                     }
                 }
             }
@@ -296,7 +471,10 @@ async fn run(
                 } else {
                     tracing::debug!(error = %e, failures, "publishing ResourceSlices failed again");
                 }
+                // What the server holds still shows while the rounds fail.
+                let seen = server::divergence(&view.borrow_and_update(), published.as_ref());
                 status.send_modify(|st| {
+                    st.server = seen;
                     st.state = PublishState::Retrying;
                     st.last_error = Some(e.to_string());
                     st.last_error_unix = Some(now());
@@ -306,5 +484,116 @@ async fn run(
                 backoff = (backoff * 2).min(config.backoff_max);
             }
         }
+    }
+}
+
+/// Why the publisher publishes again.
+enum Wake {
+    /// The source or the device health changed.
+    Inputs,
+    /// The resync interval passed.
+    Resync,
+    /// The server's copy must be published anew.
+    Republish(Republish),
+}
+
+/// Waits, after a round, for the next reason to publish, keeping `status.server` equal to what
+/// the server holds. A difference is judged once it lasted `config.settle`, then repaired (after
+/// the streak's delay).
+#[allow(clippy::too_many_arguments)]
+async fn wait(
+    config: &PublisherConfig,
+    source: &mut watch::Receiver<Arc<PublishSource>>,
+    unhealthy: &mut watch::Receiver<BTreeSet<String>>,
+    registrations: &mut watch::Receiver<u64>,
+    view: &mut watch::Receiver<ServerView>,
+    published: Option<&BTreeMap<String, String>>,
+    repairs: &mut Repairs,
+    status: &watch::Sender<PublisherStatus>,
+) -> Wake {
+    let resync_at = Instant::now() + config.resync;
+    // When a difference seen is judged, and when a judged one is repaired.
+    let mut judge_at: Option<Instant> = None;
+    let mut repair_at: Option<Instant> = None;
+    loop {
+        let seen = server::divergence(&view.borrow_and_update(), published);
+        let differs = matches!(seen.state, ServerState::Missing | ServerState::Differs);
+        if !differs {
+            judge_at = None;
+            repair_at = None;
+        } else if judge_at.is_none() && repair_at.is_none() {
+            judge_at = Some(Instant::now() + config.settle);
+        }
+        status.send_modify(|st| {
+            if !differs && st.state == PublishState::Republishing {
+                // The server came back to what was published before the repair was due.
+                st.state = PublishState::Published;
+            }
+            // A difference shows once judged; until then the state it had stays.
+            let state = match (differs, repair_at.is_some()) {
+                (true, false) => st.server.state,
+                _ => seen.state,
+            };
+            st.server = ServerStatus {
+                state,
+                ..seen.clone()
+            };
+        });
+        tokio::select! {
+            () = changed(source) => return Wake::Inputs,
+            () = changed(unhealthy) => return Wake::Inputs,
+            () = changed(registrations) => {
+                tracing::info!(driver = %config.driver, "the kubelet registered the driver; publishing the node's ResourceSlices again (a starting kubelet deletes them)");
+                return Wake::Republish(Republish::Registration);
+            }
+            () = changed(view) => {}
+            () = until(judge_at) => {
+                judge_at = None;
+                let delay = repairs.next_delay(config);
+                repair_at = Some(Instant::now() + delay);
+                status.send_modify(|st| {
+                    st.server.state = seen.state;
+                    st.state = PublishState::Republishing;
+                });
+                tracing::warn!(
+                    driver = %config.driver,
+                    missing = seen.missing,
+                    changed = seen.changed,
+                    extra = seen.extra,
+                    in_ms = delay.as_millis() as u64,
+                    "the API server's ResourceSlices of this node differ from what was published (the kubelet deletes them when it starts; or someone else changed them); publishing them again"
+                );
+            }
+            () = until(repair_at) => return Wake::Republish(Republish::ServerDiffers),
+            () = tokio::time::sleep_until(resync_at) => return Wake::Resync,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repairs_close_together_back_off_and_a_quiet_spell_starts_over() {
+        let config = PublisherConfig {
+            backoff_min: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(4),
+            ..PublisherConfig::new("d", "n")
+        };
+        let mut repairs = Repairs {
+            streak: 0,
+            last: None,
+        };
+        let delays: Vec<u128> = (0..7)
+            .map(|_| repairs.next_delay(&config).as_millis())
+            .collect();
+        // The first at once, then doubling from backoff_min, never past backoff_max: a writer
+        // fighting over the slices gets one repair per backoff_max at most.
+        assert_eq!(delays, [0, 500, 1000, 2000, 4000, 4000, 4000]);
+        // The last repair longer ago than backoff_max: the next one is at once again.
+        repairs.last = Instant::now().checked_sub(Duration::from_secs(5));
+        assert_eq!(repairs.next_delay(&config), Duration::ZERO);
+        assert_eq!(repairs.next_delay(&config), Duration::from_millis(500));
     }
 }

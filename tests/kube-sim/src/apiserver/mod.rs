@@ -2,7 +2,8 @@
 //! real REST paths and JSON bodies for what nri-accel uses.
 //!
 //! Served: `resource.k8s.io/v1` ResourceSlices (list with `labelSelector` and `fieldSelector`,
-//! get, create with `generateName` and `dryRun=All`, replace, delete with preconditions),
+//! watch with the same selectors from a list's `resourceVersion`, get, create with
+//! `generateName` and `dryRun=All`, replace, delete with preconditions, deletecollection),
 //! ResourceClaims and DeviceClasses (the same verbs), and core/v1 Nodes. Objects are stored as
 //! JSON, independently of the plugin's types. Like a real server it:
 //!
@@ -12,7 +13,10 @@
 //!   counters, 8 counter sets of 32 counters, 32 attributes + capacities, 64-byte strings,
 //!   immutable driver, node and pool) and answers `422 Invalid`;
 //! - drops the fields of feature gates that are off ([`Gates`]) without an error;
-//! - answers errors with a `Status` object.
+//! - answers errors with a `Status` object;
+//! - streams every change to a watch (`ADDED`, `MODIFIED`, `DELETED`; a deletion behind the
+//!   clients' backs too), and answers a watch from a version older than its history with an
+//!   `ERROR` event `410 Expired`.
 //!
 //! Tests make it misbehave: fail requests with a code ([`ApiServer::fail_next`],
 //! [`ApiServer::fail_always`]), hold every request ([`ApiServer::stall`]), stop listening and
@@ -21,8 +25,9 @@
 //!
 //! Differences from a real server, on purpose: a create keeps the `status` it is given (so a
 //! test seeds an allocated claim in one call), there is no authentication (any bearer token is
-//! accepted), and there is no watch.
+//! accepted), and a watch gets no bookmarks.
 
+mod events;
 mod faults;
 mod gates;
 mod http;
@@ -153,6 +158,23 @@ impl ApiServer {
     ) -> Option<Value> {
         self.store()
             .remove(&(resource.plural, namespace.to_string(), name.to_string()))
+    }
+
+    /// Deletes every object of `resource` that `field_selector` selects, as a client's
+    /// deletecollection does (counted as deletes); returns how many. The kubelet does this to
+    /// its node's ResourceSlices (`spec.nodeName=<node>`) when it starts.
+    pub fn delete_collection(&self, resource: &'static Resource, field_selector: &str) -> usize {
+        let Ok(fields) = selectors::FieldSelector::parse(field_selector, resource) else {
+            return 0;
+        };
+        let deleted = self.store().delete_collection(
+            resource,
+            None,
+            &selectors::LabelSelector::default(),
+            &fields,
+            false,
+        );
+        deleted["items"].as_array().map_or(0, Vec::len)
     }
 
     /// The stored object, if any.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use super::events::{Event, Events};
 use super::gates::{Gates, drop_disabled_slice_fields};
 use super::resources::{RESOURCE_SLICES, Resource};
 use super::selectors::{FieldSelector, LabelSelector};
@@ -42,6 +43,8 @@ pub struct Store {
     pub writes: BTreeMap<Key, Writes>,
     /// The feature gates in force.
     pub gates: Gates,
+    /// Every change, for watches.
+    pub events: Events,
 }
 
 const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -57,6 +60,17 @@ impl Store {
     fn next_rv(&mut self) -> String {
         self.resource_version += 1;
         self.resource_version.to_string()
+    }
+
+    /// Records a change to `obj` (stored at the current resourceVersion) for watches.
+    fn record(&mut self, plural: &'static str, kind: &'static str, object: &Value) {
+        let rv = self.resource_version;
+        self.events.push(Event {
+            rv,
+            plural,
+            kind,
+            object: object.clone(),
+        });
     }
 
     fn next_uid(&mut self) -> String {
@@ -83,6 +97,11 @@ impl Store {
             gates,
             ..Store::default()
         }
+    }
+
+    /// The resourceVersion of the latest change.
+    pub fn resource_version(&self) -> u64 {
+        self.resource_version
     }
 
     /// The object at `key`.
@@ -113,14 +132,24 @@ impl Store {
         obj["metadata"]["resourceVersion"] = json!(self.next_rv());
         let ns = meta(&obj, "namespace").unwrap_or_default();
         let name = meta(&obj, "name").unwrap_or_default();
-        self.objects
-            .insert((resource.plural, ns, name), obj.clone());
+        let kind = match self
+            .objects
+            .insert((resource.plural, ns, name), obj.clone())
+        {
+            Some(_) => "MODIFIED",
+            None => "ADDED",
+        };
+        self.record(resource.plural, kind, &obj);
         obj
     }
 
-    /// Removes an object without a request (a test deleting it behind the client's back).
+    /// Removes an object without a request (a test deleting it behind the client's back);
+    /// watches see it deleted.
     pub fn remove(&mut self, key: &Key) -> Option<Value> {
-        self.objects.remove(key)
+        let old = self.objects.remove(key)?;
+        self.next_rv();
+        self.record(key.0, "DELETED", &old);
+        Some(old)
     }
 
     fn checks(
@@ -226,6 +255,7 @@ impl Store {
         obj["metadata"]["uid"] = json!(self.next_uid());
         obj["metadata"]["resourceVersion"] = json!(self.next_rv());
         self.objects.insert(key.clone(), obj.clone());
+        self.record(resource.plural, "ADDED", &obj);
         self.writes.entry(key).or_default().creates += 1;
         Ok(obj)
     }
@@ -296,6 +326,7 @@ impl Store {
         }
         obj["metadata"]["resourceVersion"] = json!(self.next_rv());
         self.objects.insert(key.clone(), obj.clone());
+        self.record(resource.plural, "MODIFIED", &obj);
         self.writes.entry(key).or_default().updates += 1;
         Ok(obj)
     }
@@ -332,12 +363,38 @@ impl Store {
             }
         }
         let uid = old["metadata"]["uid"].as_str().unwrap_or("").to_string();
-        if !dry_run {
-            self.objects.remove(&key);
+        if !dry_run && let Some(old) = self.objects.remove(&key) {
             self.next_rv();
+            self.record(resource.plural, "DELETED", &old);
             self.writes.entry(key).or_default().deletes += 1;
         }
         Ok(super::status::deleted(resource, name, &uid))
+    }
+
+    /// DELETE of a collection (deletecollection), filtered by the selectors: what the kubelet
+    /// does to the node's ResourceSlices when it starts. Answers the deleted objects as a list.
+    pub fn delete_collection(
+        &mut self,
+        resource: &'static Resource,
+        namespace: Option<&str>,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+        dry_run: bool,
+    ) -> Value {
+        let list = self.list(resource, namespace, labels, fields);
+        if !dry_run {
+            for item in list["items"].as_array().into_iter().flatten() {
+                let ns = meta(item, "namespace").unwrap_or_default();
+                let name = meta(item, "name").unwrap_or_default();
+                let key = (resource.plural, ns, name);
+                if let Some(old) = self.objects.remove(&key) {
+                    self.next_rv();
+                    self.record(resource.plural, "DELETED", &old);
+                    self.writes.entry(key).or_default().deletes += 1;
+                }
+            }
+        }
+        list
     }
 
     /// GET of one object.
