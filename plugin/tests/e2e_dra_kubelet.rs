@@ -192,7 +192,10 @@ async fn a_restarted_kubelets_wipe_is_republished_at_once_and_status_says_what_t
     kubelet.wait_for(DRIVER, WAIT).await.expect("registered");
     let in_sync = |doc: &serde_json::Value| {
         let r = &doc["kubernetes"]["resource_slices"];
-        r["state"] == "published" && r["server"]["state"] == "in-sync"
+        r["state"] == "published"
+            && r["server"]["state"] == "in-sync"
+            && r["server"]["missing"] == 0
+            && r["server"]["devices"].as_u64() > Some(0)
     };
     let doc = wait_for("the slices in sync on the server", || async {
         let doc = node.status_json().await;

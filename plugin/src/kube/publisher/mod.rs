@@ -529,15 +529,10 @@ async fn wait(
                 // The server came back to what was published before the repair was due.
                 st.state = PublishState::Published;
             }
-            // A difference shows once judged; until then the state it had stays.
-            let state = match (differs, repair_at.is_some()) {
-                (true, false) => st.server.state,
-                _ => seen.state,
-            };
-            st.server = ServerStatus {
-                state,
-                ..seen.clone()
-            };
+            // What the server holds, as soon as it is seen: the counts and the state agree even
+            // while a difference waits to be judged (the top-level state says republishing once
+            // it is).
+            st.server = seen.clone();
         });
         tokio::select! {
             () = changed(source) => return Wake::Inputs,
