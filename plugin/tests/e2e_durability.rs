@@ -232,14 +232,6 @@ async fn a_cdi_dir_that_is_a_symlink_stops_the_daemon_with_a_message_and_creates
     assert!(!node.state_dir.exists(), "a refused start creates nothing");
 }
 
-/// The value of the sample whose series is `series` in an exposition.
-fn sample(exposition: &str, series: &str) -> Option<f64> {
-    exposition
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// Issue 39: the CDI dir moved away and a symbolic link put at its path while the daemon runs.
 /// Prepares went on succeeding, their specs written through the handle opened at start into the
 /// moved dir, with no word anywhere. Now a prepare is refused with a sentence naming the dir and
@@ -247,12 +239,7 @@ fn sample(exposition: &str, series: &str) -> Option<f64> {
 /// back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cdi_dir_swapped_while_running_refuses_prepares_and_says_so() {
-    let port = free_port();
-    let node = TestNode::new(
-        Shape::default(),
-        &format!("metrics:\n  listen: \"127.0.0.1:{port}\"\n"),
-    );
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (node, addr) = TestNode::with_metrics(Shape::default());
     let fake = runtime(&node).await;
     let _daemon = node.spawn(&[]);
     fake.wait_synchronized(1, WAIT).await.expect("synchronized");

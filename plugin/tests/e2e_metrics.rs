@@ -4,28 +4,13 @@
 
 mod e2e_common;
 
-use std::net::SocketAddr;
-
 use e2e_common::*;
 use nri_accel::claims_api::Family;
 use tokio::net::UnixListener;
 
-/// The value of the sample whose series (name and labels) is `series`.
-fn sample(exposition: &str, series: &str) -> Option<f64> {
-    exposition
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_healthz_follow_the_daemon() {
-    let port = free_port();
-    let node = TestNode::new(
-        Shape::default(),
-        &format!("metrics:\n  listen: \"127.0.0.1:{port}\"\n"),
-    );
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (node, addr) = TestNode::with_metrics(Shape::default());
 
     // A runtime that accepts but never answers: the daemon serves metrics, but is not healthy.
     let silent = UnixListener::bind(&node.nri_socket).unwrap();

@@ -263,12 +263,7 @@ async fn gate_seen(node: &TestNode, addr: SocketAddr) -> (bool, u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepare_between_a_runtime_disconnect_and_the_next_synchronize_is_unavailable() {
-    let port = free_port();
-    let node = TestNode::new(
-        Shape::default(),
-        &format!("metrics:\n  listen: \"127.0.0.1:{port}\"\n"),
-    );
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (node, addr) = TestNode::with_metrics(Shape::default());
     let (fake, _daemon) = start(&node).await;
     let client = node.client().await;
     prepare_ok(&client, count_claim("before", Family::Shared, None)).await;

@@ -119,14 +119,6 @@ async fn a_daemon_stopped_while_waiting_for_the_lock_never_serves() {
     assert!(!log.contains("configured by the runtime"), "{log}");
 }
 
-/// The value of the sample whose series is `series` in an exposition.
-fn sample(exposition: &str, series: &str) -> Option<f64> {
-    exposition
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// Issue 39: with the first daemon running, `rm <state dir>/node.lock` and a second daemon on the
 /// same state and CDI dirs (its own claims socket) opened its gate without a word, and both
 /// granted the same devices. Now the second waits for the lock as if the file were there, and
@@ -135,12 +127,7 @@ fn sample(exposition: &str, series: &str) -> Option<f64> {
 /// metric and its log (once). Killed, it hands the node over to the waiting one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_lock_file_lets_no_second_daemon_in_and_stops_the_first() {
-    let port = free_port();
-    let node = TestNode::new(
-        Shape::default(),
-        &format!("metrics:\n  listen: \"127.0.0.1:{port}\"\n"),
-    );
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (node, addr) = TestNode::with_metrics(Shape::default());
     let fake = runtime(&node).await;
     let mut first = node.spawn(&[]);
     fake.wait_synchronized(1, WAIT).await.expect("synchronized");

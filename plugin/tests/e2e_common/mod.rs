@@ -650,6 +650,28 @@ pub async fn list_uids(client: &ClaimsClient) -> BTreeSet<String> {
         .collect()
 }
 
+/// The value of the sample whose series (name and labels) is `series` in a Prometheus text
+/// exposition.
+pub fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+impl TestNode {
+    /// A node of `shape` whose daemon serves `/metrics` and `/healthz` on a free loopback port,
+    /// and that address.
+    pub fn with_metrics(shape: Shape) -> (TestNode, std::net::SocketAddr) {
+        let port = free_port();
+        let node = TestNode::new(
+            shape,
+            &format!("metrics:\n  listen: \"127.0.0.1:{port}\"\n"),
+        );
+        (node, std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+}
+
 /// A loopback port nothing listens on (for the metrics server).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
