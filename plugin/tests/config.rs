@@ -13,6 +13,19 @@ fn err(text: &str) -> ConfigError {
     Config::from_yaml(text, "test.yaml").expect_err("config must be refused")
 }
 
+/// The field, position and message of a config refused as invalid (not as a syntax error).
+fn invalid(text: &str) -> (String, Option<Position>, String) {
+    match err(text) {
+        ConfigError::Invalid {
+            field,
+            position,
+            message,
+            ..
+        } => (field, position, message),
+        e => panic!("{e:?}"),
+    }
+}
+
 fn at(line: u64, column: u64) -> Option<Position> {
     Some(Position { line, column })
 }
@@ -244,16 +257,7 @@ pools:
         - { name: 1g, size: 1, starts: [0, 7] }
         - { name: 4g, size: 4, starts: [0, 5] }
 ";
-    let e = err(text);
-    let ConfigError::Invalid {
-        field,
-        position,
-        message,
-        ..
-    } = &e
-    else {
-        panic!("{e:?}")
-    };
+    let (field, position, message) = invalid(text);
     assert_eq!(field, "pools[0].family.profiles[1].starts");
     assert_eq!(position.map(|p| p.line), Some(8));
     assert!(
@@ -332,18 +336,9 @@ discovery:
       nodes:
         - { path: /dev/nvidia-alias, major: 195, minor: 0 }
 ";
-    let e = err(nodes);
-    let ConfigError::Invalid {
-        field,
-        position,
-        message,
-        ..
-    } = &e
-    else {
-        panic!("{e:?}")
-    };
+    let (field, position, message) = invalid(nodes);
     assert_eq!(field, "discovery.static_devices[2].nodes[0]");
-    assert_eq!(*position, at(8, 11));
+    assert_eq!(position, at(8, 11));
     assert_eq!(
         message,
         "device \"alias\" has device node c 195:0 (/dev/nvidia-alias), which device \"gpu0\" (discovery.static_devices[0]) has too: one device under two ids would be granted twice; list each device once"
@@ -356,16 +351,7 @@ discovery:
     - { id: gpu1, vendor: nvidia, pci_address: \"0000:2A:00.0\" }
     - { id: alias, vendor: nvidia, pci_address: \"0000:2a:00.0\" }
 ";
-    let e = err(pci);
-    let ConfigError::Invalid {
-        field,
-        position,
-        message,
-        ..
-    } = &e
-    else {
-        panic!("{e:?}")
-    };
+    let (field, position, message) = invalid(pci);
     assert_eq!(field, "discovery.static_devices[2].pci_address");
     assert_eq!(position.map(|p| p.line), Some(5));
     assert_eq!(

@@ -74,6 +74,16 @@ fn cpus_of(fake: &FakeRuntime, id: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Creates `c` in `pod` as a runtime does whose create succeeds: CreateContainer, then the
+/// container exists and PostCreateContainer reports it, which confirms its grant.
+async fn create_confirmed(fake: &FakeRuntime, pod: &PodSandbox, c: &Container) {
+    fake.create_container(pod, c).await.expect("create");
+    fake.add_container(c.clone());
+    fake.notify(Event::POST_CREATE_CONTAINER, pod, Some(c))
+        .await
+        .expect("post-create");
+}
+
 async fn pending_updates(node: &TestNode) -> u64 {
     node.status_json().await["pending_updates"]
         .as_u64()
@@ -257,11 +267,7 @@ async fn grants_of_containers_that_never_came_to_exist_are_released() {
     let q = pod("steady", &[(KEY, "count=1,family=exclusive")]);
     fake.add_pod(q.clone());
     let ok = container("c-steady-0001", &q, "app", &[]);
-    fake.create_container(&q, &ok).await.expect("create");
-    fake.add_container(ok.clone());
-    fake.notify(Event::POST_CREATE_CONTAINER, &q, Some(&ok))
-        .await
-        .expect("post-create");
+    create_confirmed(&fake, &q, &ok).await;
     let sidecar = container("c-steady-0002", &q, "sidecar", &[]);
     fake.create_container(&q, &sidecar).await.expect("create");
     assert_eq!(
@@ -291,11 +297,7 @@ async fn a_grant_the_runtime_never_confirmed_is_released_after_the_bound() {
     let q = pod("steady", &[(KEY, "count=1,family=exclusive")]);
     fake.add_pod(q.clone());
     let ok = container("c-steady-0001", &q, "app", &[]);
-    fake.create_container(&q, &ok).await.expect("create");
-    fake.add_container(ok.clone());
-    fake.notify(Event::POST_CREATE_CONTAINER, &q, Some(&ok))
-        .await
-        .expect("post-create");
+    create_confirmed(&fake, &q, &ok).await;
     let p = pod("broken", &[(KEY, "count=1,family=exclusive")]);
     fake.add_pod(p.clone());
     let failed = container("c-broken-0001", &p, "app", &[]);
@@ -323,12 +325,7 @@ async fn a_grant_the_runtime_never_confirmed_is_released_after_the_bound() {
     let r = pod("next", &[(KEY, "count=1,family=exclusive")]);
     fake.add_pod(r.clone());
     let next = container("c-next-0001", &r, "app", &[]);
-    fake.create_container(&r, &next)
-        .await
-        .expect("the device is free again");
-    fake.notify(Event::POST_CREATE_CONTAINER, &r, Some(&next))
-        .await
-        .expect("post-create");
+    create_confirmed(&fake, &r, &next).await;
     assert!(fake.errors().is_empty(), "{:?}", fake.errors());
 }
 
