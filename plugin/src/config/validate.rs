@@ -15,6 +15,8 @@ const MAX_CONNECTIONS: u32 = 65_536;
 
 /// Largest accepted `claims_api.max_message_bytes`.
 const MAX_MESSAGE_LIMIT: u32 = 64 * 1024 * 1024;
+/// The smallest `claims_api.max_message_bytes` accepted.
+const MIN_MESSAGE_LIMIT: u32 = 4096;
 
 /// Checks the whole config; the first problem found is returned.
 pub(crate) fn validate(cfg: &Config) -> Checked {
@@ -51,10 +53,12 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
         )?;
     }
     let max = cfg.claims_api.max_message_bytes;
-    if !(4096..=MAX_MESSAGE_LIMIT).contains(&max) {
+    if !(MIN_MESSAGE_LIMIT..=MAX_MESSAGE_LIMIT).contains(&max) {
         fail(
             vec![Key("claims_api"), Key("max_message_bytes")],
-            format!("max_message_bytes {max} must be between 4096 and {MAX_MESSAGE_LIMIT}"),
+            format!(
+                "max_message_bytes {max} must be between {MIN_MESSAGE_LIMIT} and {MAX_MESSAGE_LIMIT}"
+            ),
         )?;
     }
     let conns = cfg.claims_api.max_connections;
@@ -418,7 +422,9 @@ fn pools(pools: &[PoolConfig]) -> Checked {
 pub(super) fn field_range(path: &str) -> Option<String> {
     let last = path.rsplit('.').next().unwrap_or(path);
     let range = match (path, last) {
-        ("claims_api.max_message_bytes", _) => format!("4096 to {MAX_MESSAGE_LIMIT}"),
+        ("claims_api.max_message_bytes", _) => {
+            format!("{MIN_MESSAGE_LIMIT} to {MAX_MESSAGE_LIMIT}")
+        }
         ("claims_api.max_connections", _) => format!("1 to {MAX_CONNECTIONS}"),
         (p, "replicas") if p.starts_with("pools[") => "1 to 4294967295".to_string(),
         (p, "slots") if p.starts_with("pools[") => format!("1 to {}", policies::MAX_SLOTS),
