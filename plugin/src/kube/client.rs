@@ -8,7 +8,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{
-    Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams,
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
+    WatchParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -263,5 +264,40 @@ impl KubeApi for KubeClient {
             .await
             .map(|_| ())
             .map_err(|e| KubeError::from_kube(format!("ResourceSlice {name}"), e))
+    }
+
+    async fn apply_claim_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        devices: &[serde_json::Value],
+    ) -> Result<Vec<serde_json::Value>, KubeError> {
+        let what = format!("ResourceClaim {namespace}/{name}");
+        let status = if devices.is_empty() {
+            serde_json::json!({})
+        } else {
+            serde_json::json!({ "devices": devices })
+        };
+        let body = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "status": status,
+        });
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let claim = Api::<ResourceClaim>::namespaced(self.client.clone(), namespace)
+            .patch_status(name, &params, &Patch::Apply(body))
+            .await
+            .map_err(|e| KubeError::from_kube(what.clone(), e))?;
+        let stored = claim.status.and_then(|s| s.devices).unwrap_or_default();
+        stored
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()
+            .map_err(|e| KubeError::Other {
+                what,
+                message: e.to_string(),
+            })
     }
 }
