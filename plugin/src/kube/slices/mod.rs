@@ -26,8 +26,8 @@ use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use policies::{FamilyConfig, Inventory, PoolConfig, PublishedDevice, PublishedKind};
 use serde::Serialize;
 
-pub use device::PCIE_ROOT;
 use device::{DeviceFacts, Shape};
+pub use device::{NUMA_NODE, PCIE_ROOT};
 
 use crate::names::is_dns_label;
 
@@ -39,6 +39,10 @@ pub struct Capabilities {
     /// `allowMultipleAllocations` and capacity request policies are kept (gate
     /// `DRAConsumableCapacity`).
     pub multiple_allocations: bool,
+    /// A list attribute value (`ints`) is kept (gate `DRAListTypeAttributes`): the standard
+    /// `resource.kubernetes.io/numaNode` is published as KEP-6072's list, else as its scalar.
+    #[serde(default)]
+    pub numa_list: bool,
 }
 
 impl Capabilities {
@@ -46,7 +50,13 @@ impl Capabilities {
     pub const ALL: Capabilities = Capabilities {
         partitions: true,
         multiple_allocations: true,
+        numa_list: true,
     };
+
+    /// How the standard `resource.kubernetes.io/numaNode` is published: `list` or `scalar`.
+    pub fn numa_node_attribute(&self) -> &'static str {
+        if self.numa_list { "list" } else { "scalar" }
+    }
 }
 
 /// Everything the published pool is a function of.
@@ -140,6 +150,7 @@ pub fn build(input: &PoolInput<'_>) -> PoolContent {
             pool,
             pcie_root: input.pcie_roots.get(&d.id).map(String::as_str),
             multiple_allocations: input.caps.multiple_allocations,
+            numa_list: input.caps.numa_list,
         };
         if let Some(bad) = names.iter().find(|p| !is_dns_label(&p.name)) {
             out.withdrawn.push(Withdrawal::BadName {

@@ -159,6 +159,7 @@ fn shared_devices_take_several_claims_one_share_each() {
         Capabilities {
             partitions: true,
             multiple_allocations: false,
+            numa_list: true,
         },
         &BTreeSet::new(),
     );
@@ -220,6 +221,7 @@ fn without_counters_partitions_are_withdrawn_and_the_whole_device_stays() {
     let caps = Capabilities {
         partitions: false,
         multiple_allocations: true,
+        numa_list: true,
     };
     let c = f.build(caps, &BTreeSet::new());
     assert!(c.counter_sets.is_empty());
