@@ -106,6 +106,9 @@ struct Item {
 #[derive(Debug, Default)]
 struct State {
     items: BTreeMap<String, Item>,
+    /// The entries last written per claim, until it is cleared: the kubelet's repeated prepares
+    /// of the same devices write nothing.
+    written: BTreeMap<String, Wanted>,
     seq: u64,
     report: ClaimStatusReport,
 }
@@ -200,10 +203,15 @@ impl ClaimStatusWriter {
             attempts: 0,
             due: Instant::now(),
         };
+        let already_written = st
+            .written
+            .get(uid)
+            .is_some_and(|w| same_devices(w, &item.wanted));
         match st.items.get_mut(uid) {
             // The same entries again (the kubelet re-prepares): keep the first's timestamps.
             Some(old) if same_devices(&old.wanted, &item.wanted) => {}
             Some(old) => *old = item,
+            None if already_written => {}
             None => {
                 st.items.insert(uid.to_string(), item);
             }
@@ -359,15 +367,22 @@ async fn run(shared: Arc<Shared>) {
         }
         match outcome {
             Outcome::Done => {
-                match item.wanted {
-                    Wanted::Set(_) => st.report.written += 1,
-                    Wanted::Clear => st.report.cleared += 1,
+                match &item.wanted {
+                    Wanted::Set(_) => {
+                        st.report.written += 1;
+                        st.written.insert(uid.clone(), item.wanted.clone());
+                    }
+                    Wanted::Clear => {
+                        st.report.cleared += 1;
+                        st.written.remove(&uid);
+                    }
                 }
                 if current {
                     st.items.remove(&uid);
                 }
             }
             Outcome::Failed(why) => {
+                st.written.remove(&uid);
                 tracing::warn!(claim = %uid, error = %why, "the claim's per-device status was not written; nri-accel gives it up");
                 st.report.failed += 1;
                 st.report.last_error = Some(why);
