@@ -16,28 +16,40 @@ import (
 //     (plugin/tests/e2e_dra_claim_status.rs): here nothing is prepared while the server is down.
 //   - KEP-6072: every device carries the standard resource.kubernetes.io/numaNode in the form the
 //     API server accepted (a list with DRAListTypeAttributes, else the scalar), beside
-//     accel.nri.io's own, and a claim selecting on the standard one runs.
+//     accel.nri.io's own, and a claim selecting on the standard one runs. With the default gates
+//     every version tested answers scalar; on 1.36+ a second cluster with the alpha gate on in
+//     the apiserver and scheduler answers list (not on CI's 1.34, which has no such gate).
 func TestClusterClaimStatus(t *testing.T) {
 	requireRoot(t)
 	for _, v := range kubeVersions() {
 		t.Run(v, func(t *testing.T) {
 			c := Start(t, v, Options{})
 			c.waitAccelReady(t)
-			standardNUMA(t, c)
+			standardNUMA(t, c, "scalar")
 			claimStatus(t, c)
+		})
+		var major, minor int
+		fmt.Sscanf(v, "v%d.%d", &major, &minor)
+		if minor < 36 {
+			continue
+		}
+		t.Run(v+"/DRAListTypeAttributes", func(t *testing.T) {
+			c := Start(t, v, Options{ExtraGates: []string{"DRAListTypeAttributes"}})
+			c.waitAccelReady(t)
+			standardNUMA(t, c, "list")
 		})
 	}
 }
 
 // standardNUMA checks the published attribute, and selects a device with it.
-func standardNUMA(t *testing.T, c *Cluster) {
+func standardNUMA(t *testing.T, c *Cluster, want string) {
 	st, err := c.AccelStatus()
 	must(t, err)
 	form := str(st, "kubernetes", "resource_slices", "numa_node_attribute")
 	t.Logf("the API server answered: resource.kubernetes.io/numaNode published as %q (DRAListTypeAttributes: %q)",
 		form, c.Gates["DRAListTypeAttributes"])
-	if form != "list" && form != "scalar" {
-		t.Fatalf("status says numa_node_attribute %q, want list or scalar: %v", form, field(st, "kubernetes", "resource_slices"))
+	if form != want {
+		t.Fatalf("status says numa_node_attribute %q, want %s: %v", form, want, field(st, "kubernetes", "resource_slices"))
 	}
 	devices := c.publishedDevices(t)
 	if len(devices) == 0 {
@@ -66,7 +78,7 @@ func standardNUMA(t *testing.T, c *Cluster) {
 	// A claim selecting on the standard attribute is allocated and prepared.
 	cel := fmt.Sprintf(`device.attributes["resource.kubernetes.io"].numaNode == %v`, node)
 	if form == "list" {
-		cel = fmt.Sprintf(`%v in device.attributes["resource.kubernetes.io"].numaNode`, node)
+		cel = fmt.Sprintf(`device.attributes["resource.kubernetes.io"].numaNode.includes(%v)`, node)
 	}
 	c.apply(claimTemplateYAML("k-numa", oneDevice("accel-gpu", cel, "")))
 	c.apply(podYAML("k-numa", "k-numa"))
