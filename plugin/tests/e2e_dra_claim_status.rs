@@ -99,6 +99,15 @@ async fn prepared_devices_are_shown_in_the_claim_and_removed_at_unprepare() {
     })
     .await;
     assert_eq!(r["pending"], 0, "{r}");
+    let (_, text, _) = n.node.cli(&["status"]).await;
+    assert!(
+        text.contains("claims' status.devices: 0 pending, 2 written, 2 cleared, 0 failed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("resource.kubernetes.io/numaNode published as: list"),
+        "{text}"
+    );
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let (_, metrics) = http_get_async(addr, "/metrics").await.expect("metrics");
     assert!(
@@ -179,6 +188,11 @@ async fn the_operator_can_turn_it_off() {
     let answer = client.prepare(std::slice::from_ref(&c)).await.unwrap();
     assert!(answer["uid-c"].is_ok(), "{answer:?}");
     assert_eq!(report(&n).await, serde_json::json!({"enabled": false}));
+    let (_, text, _) = n.node.cli(&["status"]).await;
+    assert!(
+        text.contains("not written (dra.claim_status is off)"),
+        "{text}"
+    );
     assert!(entries(&n, "c").is_empty());
     assert_eq!(n.api.writes_to(&RESOURCE_CLAIMS, NS, "c").total(), 0);
 }
