@@ -6,8 +6,14 @@
 
 mod kube_common;
 
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube_common::*;
 use kube_sim::apiserver::{ApiServer, Gates, RESOURCE_SLICES};
+use nri_accel::kube::{KubeApi, KubeError, SliceEvents};
 use serde_json::{Value, json};
 
 const STANDARD: &str = "resource.kubernetes.io/numaNode";
@@ -72,4 +78,69 @@ async fn a_server_dropping_lists_gets_the_scalar() {
     side.republish(source(2));
     published_after(&side, st.rounds).await;
     assert_eq!(server.writes(&RESOURCE_SLICES).total(), 0);
+}
+
+/// A server that answers a dry run without the standard NUMA attribute (it dropped the list
+/// without refusing what was left), and forwards everything else.
+struct DropsTheList(Arc<dyn KubeApi>);
+
+#[async_trait]
+impl KubeApi for DropsTheList {
+    async fn resource_claim(&self, ns: &str, name: &str) -> Result<ResourceClaim, KubeError> {
+        self.0.resource_claim(ns, name).await
+    }
+    async fn node(&self, name: &str) -> Result<Node, KubeError> {
+        self.0.node(name).await
+    }
+    async fn list_slices(&self, driver: &str, node: &str) -> Result<Vec<ResourceSlice>, KubeError> {
+        self.0.list_slices(driver, node).await
+    }
+    async fn list_slices_versioned(
+        &self,
+        driver: &str,
+        node: &str,
+    ) -> Result<(Vec<ResourceSlice>, String), KubeError> {
+        self.0.list_slices_versioned(driver, node).await
+    }
+    async fn watch_slices(
+        &self,
+        driver: &str,
+        node: &str,
+        rv: &str,
+    ) -> Result<SliceEvents, KubeError> {
+        self.0.watch_slices(driver, node, rv).await
+    }
+    async fn create_slice(
+        &self,
+        slice: &ResourceSlice,
+        dry_run: bool,
+    ) -> Result<ResourceSlice, KubeError> {
+        let mut stored = self.0.create_slice(slice, dry_run).await?;
+        if dry_run {
+            for d in stored.spec.devices.iter_mut().flatten() {
+                if let Some(a) = d.attributes.as_mut() {
+                    a.remove(STANDARD);
+                }
+            }
+        }
+        Ok(stored)
+    }
+    async fn replace_slice(&self, slice: &ResourceSlice) -> Result<ResourceSlice, KubeError> {
+        self.0.replace_slice(slice).await
+    }
+    async fn delete_slice(&self, name: &str, rv: &str) -> Result<(), KubeError> {
+        self.0.delete_slice(name, rv).await
+    }
+}
+
+#[tokio::test]
+async fn a_server_answering_without_the_list_gets_the_scalar() {
+    let server = server_with(Gates::ALL).await;
+    let side = side(Arc::new(DropsTheList(client(&server))), source(2));
+    let st = published_after(&side, 0).await;
+    assert_eq!(st.numa_node_attribute, Some("scalar"));
+    for (standard, own) in numa_attributes(&server) {
+        assert!(own["int"].is_i64());
+        assert_eq!(standard, own);
+    }
 }
