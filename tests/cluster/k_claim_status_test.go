@@ -100,6 +100,21 @@ func ourEntries(claim obj) []any {
 	return out
 }
 
+// waitStatusEntry waits until claim (namespace default) holds nri-accel's status.devices entry
+// (scenario b on the host and in the DaemonSet's pod, with that pod's own token).
+func (c *Cluster) waitStatusEntry(t *testing.T, claim string) {
+	t.Helper()
+	var got obj
+	if !waitFor(30*time.Second, func() bool {
+		got = c.getJSON(t, "get", "resourceclaim", claim, "-n", "default")
+		return len(ourEntries(got)) == 1
+	}) {
+		st, _ := c.AccelStatus()
+		t.Errorf("claim %s has no status.devices entry of nri-accel: %v; nri-accel: %v",
+			claim, field(got, "status", "devices"), field(st, "kubernetes", "claim_status"))
+	}
+}
+
 // claimStatus runs a pod with a named claim and follows the claim's status.devices.
 func claimStatus(t *testing.T, c *Cluster) {
 	c.apply(claimYAML("k-claim", oneDevice("accel-gpu", "", "")))
