@@ -145,7 +145,18 @@ async fn an_api_server_that_fails_writes_or_is_down_never_fails_prepare() {
     // Claim b is unprepared before its entries could be written: it must never get them.
     let gone = client.unprepare(std::slice::from_ref(&b)).await.unwrap();
     assert!(gone["uid-b"].is_ok(), "{gone:?}");
+    // Then down altogether: the writes wait on (connection refused), and go through once it is
+    // back and answers.
+    n.api.go_down().await;
+    wait_for("a write refused by a server that is down", || async {
+        let r = report(&n).await;
+        let e = r["last_error"].as_str().unwrap_or("").to_string();
+        (r["pending"] == 2 && !e.contains("injected")).then_some(())
+    })
+    .await;
+    assert!(entries(&n, "a").is_empty());
     n.api.heal();
+    n.api.come_back().await.expect("back");
     wait_entries(&n, "a", 1).await;
     wait_for("nothing pending", || async {
         (report(&n).await["pending"] == 0).then_some(())
