@@ -24,9 +24,12 @@ type Status struct {
 
 // StatusClaim is one claim of the status document.
 type StatusClaim struct {
-	UID        string   `json:"uid"`
-	Namespace  string   `json:"namespace"`
-	Name       string   `json:"name"`
+	// UID of the claim.
+	UID string `json:"uid"`
+	// Namespace and Name the claim was prepared with (empty for claims that name neither).
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Containers are the ids of the containers using the claim now.
 	Containers []string `json:"containers"`
 }
 
