@@ -3,6 +3,7 @@ package realtest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -341,4 +342,65 @@ func TestGateClosedIsUnavailable(t *testing.T) {
 	if r.Err != nil {
 		t.Fatalf("Prepare after the runtime came back answered %v", r.Err)
 	}
+}
+
+// TestEvictedConnectionIsRedialed: with one connection allowed, each client's connection is
+// closed by the daemon to admit the other's; each client's next call reconnects (redialing, or
+// sending the call again when the close came under it) and is served. A call may meet the other
+// client's connection still counted busy for an instant after its answer (the daemon answers
+// RESOURCE_EXHAUSTED, "retry shortly"): Retryable says so and the call is sent again, as a
+// caller does.
+func TestEvictedConnectionIsRedialed(t *testing.T) {
+	n := newNodeWith(t, "  max_connections: 1\n")
+	n.start()
+	a := claims.New(n.claims)
+	defer a.Close()
+	b := claims.New(n.claims)
+	defer b.Close()
+	busy := 0
+	served := func(what string, call func() error) {
+		t.Helper()
+		deadline := time.Now().Add(wait)
+		for {
+			err := call()
+			if err == nil {
+				return
+			}
+			if !claims.Retryable(err) || time.Now().After(deadline) {
+				t.Fatalf("%s answered %v", what, err)
+			}
+			if claims.CodeOf(err) == claims.ResourceExhausted {
+				busy++
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	served("a's first List", func() error { _, err := a.List(ctx(t)); return err })
+	served("b's first List", func() error { _, err := b.List(ctx(t)); return err })
+	for i := 0; i < 5; i++ {
+		uid := fmt.Sprintf("evict-%d", i)
+		served(fmt.Sprintf("round %d: a's Prepare", i), func() error {
+			res, err := a.Prepare(ctx(t), []*claimsv1.Claim{claims.FromAllocation("ns", uid, uid, whole("gpu0"))})
+			if err == nil && res[uid].Err != nil {
+				t.Fatalf("round %d: claim %s refused: %v", i, uid, res[uid].Err)
+			}
+			return err
+		})
+		served(fmt.Sprintf("round %d: b's List", i), func() error {
+			list, err := b.List(ctx(t))
+			if err == nil && (len(list) != 1 || list[0].GetUid() != uid) {
+				t.Fatalf("round %d: List answered %v; want %s", i, list, uid)
+			}
+			return err
+		})
+		served(fmt.Sprintf("round %d: a's Unprepare", i), func() error {
+			errs, err := a.Unprepare(ctx(t), []*claimsv1.ClaimRef{claims.Ref("ns", uid, uid)})
+			if err == nil && errs[uid] != nil {
+				t.Fatalf("round %d: Unprepare of %s answered %v", i, uid, errs[uid])
+			}
+			return err
+		})
+	}
+	t.Logf("calls answered RESOURCE_EXHAUSTED (a connection still counted busy) and sent again: %d", busy)
 }

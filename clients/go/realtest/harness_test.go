@@ -73,6 +73,13 @@ pools:
 
 func newNode(t *testing.T) *node {
 	t.Helper()
+	return newNodeWith(t, "")
+}
+
+// newNodeWith is newNode with claimsAPI (indented lines of the claims_api section) added to the
+// config.
+func newNodeWith(t *testing.T, claimsAPI string) *node {
+	t.Helper()
 	bin := daemonBin(t)
 	// Unix socket paths are limited to 108 bytes: a short temp dir rather than t.TempDir().
 	dir, err := os.MkdirTemp("", "nac-")
@@ -94,8 +101,8 @@ func newNode(t *testing.T) *node {
 		fmt.Fprintf(&devs, "    - id: gpu%d\n      vendor: acme\n      model: a1\n      numa_node: 0\n      local_cpus: \"0-3\"\n"+
 			"      memory_mib: 16384\n      compute_units: 8\n      nodes:\n        - { path: /dev/acme%d, major: 511, minor: %d }\n", i, i, i)
 	}
-	cfg := fmt.Sprintf("state_dir: %s\nnri:\n  socket: %s\nclaims_api:\n  socket: %s\ncdi:\n  dir: %s\nreconcile_interval_secs: 0\n",
-		filepath.Join(dir, "state"), n.nriSock, n.claims, n.cdiDir) + fmt.Sprintf(nodeYAML, strings.TrimRight(devs.String(), "\n"))
+	cfg := fmt.Sprintf("state_dir: %s\nnri:\n  socket: %s\nclaims_api:\n  socket: %s\n%scdi:\n  dir: %s\nreconcile_interval_secs: 0\n",
+		filepath.Join(dir, "state"), n.nriSock, n.claims, claimsAPI, n.cdiDir) + fmt.Sprintf(nodeYAML, strings.TrimRight(devs.String(), "\n"))
 	must(t, os.MkdirAll(n.cdiDir, 0o755))
 	must(t, os.WriteFile(n.config, []byte(cfg), 0o644))
 	t.Cleanup(n.cleanup)
