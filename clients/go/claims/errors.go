@@ -110,8 +110,9 @@ func Retryable(err error) bool {
 	case Unavailable, DeadlineExceeded, Internal:
 		return true
 	case ResourceExhausted:
-		// The payload refusal names the limit in bytes; the busy refusal says to retry.
-		return !strings.Contains(ce.Message, "exceeds the claims API limit")
+		// Only the busy refusal says to retry; a payload over the daemon's limit or over ttrpc's
+		// 4 MiB frame ("message length N exceed maximum message size") fails again as sent.
+		return strings.Contains(ce.Message, "retry shortly")
 	}
 	return false
 }

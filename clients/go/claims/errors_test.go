@@ -124,6 +124,7 @@ func TestCodesAndRetryable(t *testing.T) {
 		{statusErr(codes.Internal, "nri-accel's claim engine failed: panic; retry, and see the daemon's log"), codes.Internal, false, true},
 		{statusErr(codes.ResourceExhausted, "nri-accel refused this connection: 128 connections are open and every one has a call in flight, the most it serves at once (claims_api.max_connections); retry shortly"), codes.ResourceExhausted, false, true},
 		{statusErr(codes.ResourceExhausted, "Prepare request of 2000000 bytes exceeds the claims API limit of 1048576 bytes; send fewer claims per request"), codes.ResourceExhausted, false, false},
+		{statusErr(codes.ResourceExhausted, "message length 5000000 exceed maximum message size of 4194304"), codes.ResourceExhausted, false, false},
 		{statusErr(codes.InvalidArgument, "request carries 2000 claims, more than the limit of 1024; split it"), codes.InvalidArgument, false, false},
 		{statusErr(codes.PermissionDenied, "uid 1000 (pid 4242) may not use the claims API"), codes.PermissionDenied, false, false},
 		{statusErr(codes.Unimplemented, "Nope method"), codes.Unimplemented, false, false},
