@@ -154,9 +154,11 @@ func serveRuntime(sock string) {
 		return err
 	}
 	update := func(context.Context, []*nri.ContainerUpdate) ([]*nri.ContainerUpdate, error) { return nil, nil }
-	empty, err := os.MkdirTemp("", "nac-plugins-")
+	// No plugins to launch: an empty directory beside the socket, in the node's temp dir (this
+	// process is killed, so it removes nothing itself).
+	empty := filepath.Join(filepath.Dir(sock), "nri-plugins")
+	err := os.MkdirAll(empty, 0o755)
 	if err == nil {
-		defer os.RemoveAll(empty)
 		var r *nri.Adaptation
 		r, err = nri.New("client-test-runtime", "v0.0.0", sync, update,
 			nri.WithSocketPath(sock), nri.WithPluginPath(empty), nri.WithPluginConfigPath(empty))
