@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,8 +53,10 @@ type node struct {
 	claims  string
 	log     string
 	runtime *exec.Cmd
-	daemon  *exec.Cmd
-	exited  chan struct{}
+	// runtimeStdin is the runtime's stdin; closing it ends the runtime.
+	runtimeStdin io.WriteCloser
+	daemon       *exec.Cmd
+	exited       chan struct{}
 }
 
 // Devices of the node: pool whole (exclusive) has gpu0 and gpu1, pool shared has gpu2 (2 replicas).
@@ -122,6 +125,10 @@ func (n *node) startRuntime() {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), runtimeEnv+"="+n.nriSock)
 	cmd.Stderr = os.Stderr
+	// The runtime ends when this pipe closes, so a test binary that dies takes it along; the
+	// node keeps its end (a dropped one could be closed by the garbage collector).
+	stdin, err := cmd.StdinPipe()
+	must(t, err)
 	out, err := cmd.StdoutPipe()
 	must(t, err)
 	must(t, cmd.Start())
@@ -133,6 +140,7 @@ func (n *node) startRuntime() {
 		t.Fatalf("the test's NRI runtime did not start: %q, %v", line, err)
 	}
 	n.runtime = cmd
+	n.runtimeStdin = stdin
 }
 
 // stopRuntime kills the runtime's process: nri-accel sees its NRI connection closed.
@@ -171,7 +179,9 @@ func serveRuntime(sock string) {
 		os.Exit(1)
 	}
 	fmt.Println("listening")
-	select {}
+	// Until the test binary goes (its end of stdin closes) or kills this process.
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
 }
 
 // start runs `nri-accel run` and waits until Status says the gate is open.
