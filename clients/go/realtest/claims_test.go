@@ -346,10 +346,10 @@ func TestGateClosedIsUnavailable(t *testing.T) {
 
 // TestEvictedConnectionIsRedialed: with one connection allowed, each client's connection is
 // closed by the daemon to admit the other's; each client's next call reconnects (redialing, or
-// sending the call again when the close came under it) and is served. A call may meet the other
-// client's connection still counted busy for an instant after its answer (the daemon answers
-// RESOURCE_EXHAUSTED, "retry shortly"): Retryable says so and the call is sent again, as a
-// caller does.
+// sending the call again when the close came under it) and is served. No call is refused with
+// RESOURCE_EXHAUSTED: the other client's connection may still be counted busy for an instant
+// after its answer was read, and the daemon waits for it (up to 100 ms) instead of refusing
+// (before it did, 5 to 7 of these 17 calls were refused on a loaded machine).
 func TestEvictedConnectionIsRedialed(t *testing.T) {
 	n := newNodeWith(t, "  max_connections: 1\n")
 	n.start()
@@ -357,7 +357,6 @@ func TestEvictedConnectionIsRedialed(t *testing.T) {
 	defer a.Close()
 	b := claims.New(n.claims)
 	defer b.Close()
-	busy := 0
 	served := func(what string, call func() error) {
 		t.Helper()
 		deadline := time.Now().Add(wait)
@@ -370,7 +369,7 @@ func TestEvictedConnectionIsRedialed(t *testing.T) {
 				t.Fatalf("%s answered %v", what, err)
 			}
 			if claims.CodeOf(err) == claims.ResourceExhausted {
-				busy++
+				t.Errorf("%s was refused although the other connection's call was answered: %v", what, err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -402,5 +401,4 @@ func TestEvictedConnectionIsRedialed(t *testing.T) {
 			return err
 		})
 	}
-	t.Logf("calls answered RESOURCE_EXHAUSTED (a connection still counted busy) and sent again: %d", busy)
 }
