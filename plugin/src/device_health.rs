@@ -37,6 +37,21 @@ impl DeviceHealth {
         }
     }
 
+    /// Why it is unhealthy as a label value (a taint's value, docs/dra.md "Device health"):
+    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, or
+    /// `unhealthy` for a reason this module did not word; empty when healthy.
+    pub fn cause(&self) -> &'static str {
+        let r = self.reason.as_str();
+        match () {
+            () if self.healthy => "",
+            () if r.ends_with("is gone from sysfs") => "gone-from-sysfs",
+            () if r.contains(") was unbound from its driver ") => "driver-unbound",
+            () if r.contains(") is bound to ") => "driver-changed",
+            () if r.starts_with("device node ") && r.ends_with(" is gone") => "device-node-gone",
+            () => "unhealthy",
+        }
+    }
+
     fn unhealthy(reason: String) -> Self {
         DeviceHealth {
             healthy: false,

@@ -12,16 +12,22 @@
 //!
 //! Before publishing it asks the server (dry run) which gated fields it keeps, and after each
 //! write it compares what was stored with what was sent; see [`crate::kube::slices`] for what is
-//! published when a gate is off. Unhealthy devices are withdrawn from the pool rather than
-//! tainted: taints need the `DRADeviceTaints` gate and halve the devices a slice may hold, while a
-//! withdrawn device cannot be allocated on any cluster. Claims already prepared keep their devices.
+//! published when a gate is off. Unhealthy devices are withdrawn from the pool by default (a
+//! withdrawn device cannot be allocated on any cluster), or tainted where their pool says so and
+//! the server keeps taints (`DRADeviceTaints`; withdrawn where it does not). Claims already
+//! prepared keep their devices.
+//!
+//! Devices held through another door than this node's DRA claims are withdrawn as far as they
+//! are held ([`crate::kube::slices::doors`]). A new holder is withdrawn at once; a release is
+//! published after `settle`, and releases close together back off as repairs do, so a device
+//! granted and released in quick succession does not make the slices flap.
 
 mod probe;
 pub mod server;
 mod sync;
 pub mod wire;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -32,11 +38,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::slices::doors::holds_more;
 use super::slices::layout::SliceSummary;
-use super::slices::{Capabilities, Withdrawal};
+use super::slices::{Capabilities, HeldElsewhere, Tainted, UnhealthyDevice, Withdrawal};
 use super::{KubeApi, KubeError};
 use server::{ServerState, ServerStatus, ServerView};
-pub use sync::missing_gates;
+pub use sync::{missing_gates, wants_taints};
 use wire::PoolMeta;
 
 /// Where and how the publisher publishes.
@@ -143,6 +150,8 @@ pub struct PublisherStatus {
     pub counter_sets: usize,
     /// What is not published and why.
     pub withdrawn: Vec<Withdrawal>,
+    /// Unhealthy devices published with a taint.
+    pub tainted: Vec<Tainted>,
     /// What the API server keeps, once probed.
     pub api_server: Option<Capabilities>,
     /// Feature gates the API server lacks (what is published without them: docs/dra.md).
@@ -215,12 +224,24 @@ impl RegistrationSignal {
     }
 }
 
+/// The devices' state a round publishes besides the source.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Health {
+    /// The unhealthy devices (withdrawn, or tainted where their pool says so).
+    pub unhealthy: BTreeMap<String, UnhealthyDevice>,
+    /// The units held through another door than this node's DRA claims.
+    pub held: HeldElsewhere,
+}
+
 /// What a publisher publishes from and what makes it publish again.
 pub struct Inputs {
     /// The inventory and pools; every new value republishes.
     pub source: watch::Receiver<Arc<PublishSource>>,
-    /// The devices withdrawn as unhealthy.
-    pub unhealthy: watch::Receiver<BTreeSet<String>>,
+    /// The unhealthy devices.
+    pub unhealthy: watch::Receiver<BTreeMap<String, UnhealthyDevice>>,
+    /// The units held through another door than this node's DRA claims (new holders are
+    /// withdrawn at once, releases published after `settle`).
+    pub held: watch::Receiver<HeldElsewhere>,
     /// Bumped each time the kubelet registers the driver: the kubelet wipes the node's slices
     /// when it starts and expects them published again.
     pub registrations: watch::Receiver<u64>,
@@ -228,8 +249,8 @@ pub struct Inputs {
 
 impl Publisher {
     /// Spawns the publisher of `config.node`'s pool: publishes `inputs.source` (and every later
-    /// value) without the devices `inputs.unhealthy` names, through `api`, and a watcher of what
-    /// the server holds of it.
+    /// value) without (or with a taint on) the devices `inputs.unhealthy` names and without what
+    /// `inputs.held` holds, through `api`, and a watcher of what the server holds of it.
     pub fn spawn(
         api: Arc<dyn KubeApi>,
         config: PublisherConfig,
@@ -346,6 +367,7 @@ async fn run(
     let Inputs {
         mut source,
         mut unhealthy,
+        mut held,
         mut registrations,
     } = inputs;
     let mut meta = PoolMeta {
@@ -360,12 +382,20 @@ async fn run(
         streak: 0,
         last: None,
     };
+    // Releases by other doors published close together back off as repairs do.
+    let mut returns = Repairs {
+        streak: 0,
+        last: None,
+    };
     // What the last round left on the server: slice name -> resourceVersion.
     let mut published: Option<BTreeMap<String, String>> = None;
     registrations.borrow_and_update();
     loop {
         let src = source.borrow_and_update().clone();
-        let bad = unhealthy.borrow_and_update().clone();
+        let health = Health {
+            unhealthy: unhealthy.borrow_and_update().clone(),
+            held: held.borrow_and_update().clone(),
+        };
         let result = async {
             let s = match session.as_mut() {
                 Some(s) => s,
@@ -375,7 +405,7 @@ async fn run(
                     session.insert(s)
                 }
             };
-            sync::round(api.as_ref(), &meta, s, &src, &bad, config.call_timeout).await
+            sync::round(api.as_ref(), &meta, s, &src, &health, config.call_timeout).await
         }
         .await;
         match result {
@@ -403,8 +433,11 @@ async fn run(
                     st.devices = round.content.devices.len();
                     st.counter_sets = round.content.counter_sets.len();
                     st.withdrawn = round.content.withdrawn.clone();
+                    st.tainted = round.content.tainted.clone();
                     st.api_server = caps;
-                    st.missing_gates = caps.map(missing_gates).unwrap_or_default();
+                    st.missing_gates = caps
+                        .map(|c| missing_gates(c, wants_taints(&src)))
+                        .unwrap_or_default();
                     st.rounds += 1;
                     st.writes += round.writes;
                     st.last_sync_unix = Some(now());
@@ -423,12 +456,16 @@ async fn run(
                 }
                 let why = wait(
                     &config,
-                    &mut source,
-                    &mut unhealthy,
-                    &mut registrations,
-                    &mut view,
+                    Waiting {
+                        source: &mut source,
+                        unhealthy: &mut unhealthy,
+                        held: &mut held,
+                        registrations: &mut registrations,
+                        view: &mut view,
+                    },
+                    &health.held,
                     published.as_ref(),
-                    &mut repairs,
+                    (&mut repairs, &mut returns),
                     &status,
                 )
                 .await;
@@ -497,24 +534,40 @@ enum Wake {
     Republish(Republish),
 }
 
+/// The receivers [`wait`] follows.
+struct Waiting<'a> {
+    source: &'a mut watch::Receiver<Arc<PublishSource>>,
+    unhealthy: &'a mut watch::Receiver<BTreeMap<String, UnhealthyDevice>>,
+    held: &'a mut watch::Receiver<HeldElsewhere>,
+    registrations: &'a mut watch::Receiver<u64>,
+    view: &'a mut watch::Receiver<ServerView>,
+}
+
 /// Waits, after a round, for the next reason to publish, keeping `status.server` equal to what
 /// the server holds. A difference is judged once it lasted `config.settle`, then repaired (after
-/// the streak's delay).
-#[allow(clippy::too_many_arguments)]
+/// the streak's delay). A new holder through another door (`held` beyond `held_published`)
+/// publishes at once; a release only after `config.settle` and the `returns` streak's delay.
 async fn wait(
     config: &PublisherConfig,
-    source: &mut watch::Receiver<Arc<PublishSource>>,
-    unhealthy: &mut watch::Receiver<BTreeSet<String>>,
-    registrations: &mut watch::Receiver<u64>,
-    view: &mut watch::Receiver<ServerView>,
+    rx: Waiting<'_>,
+    held_published: &HeldElsewhere,
     published: Option<&BTreeMap<String, String>>,
-    repairs: &mut Repairs,
+    (repairs, returns): (&mut Repairs, &mut Repairs),
     status: &watch::Sender<PublisherStatus>,
 ) -> Wake {
+    let Waiting {
+        source,
+        unhealthy,
+        held,
+        registrations,
+        view,
+    } = rx;
     let resync_at = Instant::now() + config.resync;
     // When a difference seen is judged, and when a judged one is repaired.
     let mut judge_at: Option<Instant> = None;
     let mut repair_at: Option<Instant> = None;
+    // When a release by another door is published.
+    let mut return_at: Option<Instant> = None;
     loop {
         let seen = server::divergence(&view.borrow_and_update(), published);
         let differs = matches!(seen.state, ServerState::Missing | ServerState::Differs);
@@ -537,6 +590,19 @@ async fn wait(
         tokio::select! {
             () = changed(source) => return Wake::Inputs,
             () = changed(unhealthy) => return Wake::Inputs,
+            () = changed(held) => {
+                let now = held.borrow().clone();
+                if holds_more(&now, held_published) {
+                    return Wake::Inputs;
+                }
+                if now == *held_published {
+                    return_at = None;
+                } else if return_at.is_none() {
+                    let delay = returns.next_delay(config).max(config.settle);
+                    return_at = Some(Instant::now() + delay);
+                }
+            }
+            () = until(return_at) => return Wake::Inputs,
             () = changed(registrations) => {
                 tracing::info!(driver = %config.driver, "the kubelet registered the driver; publishing the node's ResourceSlices again (a starting kubelet deletes them)");
                 return Wake::Republish(Republish::Registration);
