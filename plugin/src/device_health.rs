@@ -355,6 +355,11 @@ mod tests {
             "{h:?}"
         );
         assert!(h["b"].reason.contains("gone from sysfs"), "{h:?}");
+        // The taint's values (docs/dra.md, "Device health").
+        assert_eq!(
+            (h["a"].cause(), h["b"].cause()),
+            ("driver-unbound", "gone-from-sysfs")
+        );
 
         // a bound to vfio-pci instead.
         let mut vfio = a.clone();
@@ -370,12 +375,15 @@ mod tests {
                 .contains("bound to vfio-pci instead of nvidia"),
             "{h:?}"
         );
+        assert_eq!(h["a"].cause(), "driver-changed");
 
         // Its device node removed.
         std::fs::remove_file(root.path().join("dev/nvidia0")).unwrap();
         let h = assess(&inv, &base, Some(&inv), &host);
         assert!(h["a"].reason.contains("/dev/nvidia0"), "{h:?}");
+        assert_eq!(h["a"].cause(), "device-node-gone");
         assert!(h["b"].healthy);
+        assert_eq!(h["b"].cause(), "");
     }
 
     #[test]
