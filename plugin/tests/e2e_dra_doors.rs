@@ -171,6 +171,14 @@ async fn a_hold_survives_a_restart_and_the_device_stays_withdrawn() {
         }),
         "{withdrawn:#}"
     );
+    let (st, text, _) = n.node.cli(&["status"]).await;
+    assert!(st.success());
+    assert!(
+        text.contains(&format!(
+            "withdrawn: device {id} (held by claim api-1 through another door than DRA)"
+        )),
+        "{text}"
+    );
     let cli = n.node.client_gate_open().await;
     let gone = cli.unprepare(vec![claim_ref("api-1")]).await.unwrap();
     assert_eq!(gone.get("api-1"), Some(&Ok(())));
