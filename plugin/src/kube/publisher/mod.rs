@@ -25,6 +25,7 @@
 mod probe;
 pub mod server;
 mod sync;
+mod waiting;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -36,14 +37,13 @@ use policies::{Inventory, PoolConfig, PublishedDevice};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
-use super::slices::doors::holds_more;
 use super::slices::layout::SliceSummary;
 use super::slices::{Capabilities, HeldElsewhere, Tainted, UnhealthyDevice, Withdrawal};
 use super::{KubeApi, KubeError};
 use server::{ServerState, ServerStatus, ServerView};
 pub use sync::{missing_gates, wants_taints};
+use waiting::{Repairs, Waiting, Wake, wait};
 use wire::PoolMeta;
 
 /// Where and how the publisher publishes.
@@ -315,48 +315,6 @@ impl Drop for PublisherHandle {
     }
 }
 
-/// Resolves when `rx` changes; never when its sender is gone.
-async fn changed<T>(rx: &mut watch::Receiver<T>) {
-    if rx.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// Resolves at `at`, never when there is none.
-async fn until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending::<()>().await,
-    }
-}
-
-/// Repairs of the server's copy close together: each waits twice as long as the one before,
-/// from nothing up to `backoff_max`; a quiet `backoff_max` starts over.
-struct Repairs {
-    streak: u32,
-    last: Option<Instant>,
-}
-
-impl Repairs {
-    /// How long to wait before the next repair, counting it.
-    fn next_delay(&mut self, config: &PublisherConfig) -> Duration {
-        let now = Instant::now();
-        if self
-            .last
-            .is_none_or(|last| now.duration_since(last) > config.backoff_max)
-        {
-            self.streak = 0;
-        }
-        let delay = match self.streak {
-            0 => Duration::ZERO,
-            n => (config.backoff_min * 2u32.saturating_pow(n - 1)).min(config.backoff_max),
-        };
-        self.streak = self.streak.saturating_add(1);
-        self.last = Some(now + delay);
-        delay
-    }
-}
-
 async fn run(
     api: Arc<dyn KubeApi>,
     config: PublisherConfig,
@@ -521,140 +479,5 @@ async fn run(
                 backoff = (backoff * 2).min(config.backoff_max);
             }
         }
-    }
-}
-
-/// Why the publisher publishes again.
-enum Wake {
-    /// The source or the device health changed.
-    Inputs,
-    /// The resync interval passed.
-    Resync,
-    /// The server's copy must be published anew.
-    Republish(Republish),
-}
-
-/// The receivers [`wait`] follows.
-struct Waiting<'a> {
-    source: &'a mut watch::Receiver<Arc<PublishSource>>,
-    unhealthy: &'a mut watch::Receiver<BTreeMap<String, UnhealthyDevice>>,
-    held: &'a mut watch::Receiver<HeldElsewhere>,
-    registrations: &'a mut watch::Receiver<u64>,
-    view: &'a mut watch::Receiver<ServerView>,
-}
-
-/// Waits, after a round, for the next reason to publish, keeping `status.server` equal to what
-/// the server holds. A difference is judged once it lasted `config.settle`, then repaired (after
-/// the streak's delay). A new holder through another door (`held` beyond `held_published`)
-/// publishes at once; a release only after `config.settle` and the `returns` streak's delay.
-async fn wait(
-    config: &PublisherConfig,
-    rx: Waiting<'_>,
-    held_published: &HeldElsewhere,
-    published: Option<&BTreeMap<String, String>>,
-    (repairs, returns): (&mut Repairs, &mut Repairs),
-    status: &watch::Sender<PublisherStatus>,
-) -> Wake {
-    let Waiting {
-        source,
-        unhealthy,
-        held,
-        registrations,
-        view,
-    } = rx;
-    let resync_at = Instant::now() + config.resync;
-    // When a difference seen is judged, and when a judged one is repaired.
-    let mut judge_at: Option<Instant> = None;
-    let mut repair_at: Option<Instant> = None;
-    // When a release by another door is published.
-    let mut return_at: Option<Instant> = None;
-    loop {
-        let seen = server::divergence(&view.borrow_and_update(), published);
-        let differs = matches!(seen.state, ServerState::Missing | ServerState::Differs);
-        if !differs {
-            judge_at = None;
-            repair_at = None;
-        } else if judge_at.is_none() && repair_at.is_none() {
-            judge_at = Some(Instant::now() + config.settle);
-        }
-        status.send_modify(|st| {
-            if !differs && st.state == PublishState::Republishing {
-                // The server came back to what was published before the repair was due.
-                st.state = PublishState::Published;
-            }
-            // What the server holds, as soon as it is seen: the counts and the state agree even
-            // while a difference waits to be judged (the top-level state says republishing once
-            // it is).
-            st.server = seen.clone();
-        });
-        tokio::select! {
-            () = changed(source) => return Wake::Inputs,
-            () = changed(unhealthy) => return Wake::Inputs,
-            () = changed(held) => {
-                let now = held.borrow().clone();
-                if holds_more(&now, held_published) {
-                    return Wake::Inputs;
-                }
-                if now == *held_published {
-                    return_at = None;
-                } else if return_at.is_none() {
-                    let delay = returns.next_delay(config).max(config.settle);
-                    return_at = Some(Instant::now() + delay);
-                }
-            }
-            () = until(return_at) => return Wake::Inputs,
-            () = changed(registrations) => {
-                tracing::info!(driver = %config.driver, "the kubelet registered the driver; publishing the node's ResourceSlices again (a starting kubelet deletes them)");
-                return Wake::Republish(Republish::Registration);
-            }
-            () = changed(view) => {}
-            () = until(judge_at) => {
-                judge_at = None;
-                let delay = repairs.next_delay(config);
-                repair_at = Some(Instant::now() + delay);
-                status.send_modify(|st| {
-                    st.server.state = seen.state;
-                    st.state = PublishState::Republishing;
-                });
-                tracing::warn!(
-                    driver = %config.driver,
-                    missing = seen.missing,
-                    changed = seen.changed,
-                    extra = seen.extra,
-                    in_ms = delay.as_millis() as u64,
-                    "the API server's ResourceSlices of this node differ from what was published (the kubelet deletes them when it starts; or someone else changed them); publishing them again"
-                );
-            }
-            () = until(repair_at) => return Wake::Republish(Republish::ServerDiffers),
-            () = tokio::time::sleep_until(resync_at) => return Wake::Resync,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn repairs_close_together_back_off_and_a_quiet_spell_starts_over() {
-        let config = PublisherConfig {
-            backoff_min: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(4),
-            ..PublisherConfig::new("d", "n")
-        };
-        let mut repairs = Repairs {
-            streak: 0,
-            last: None,
-        };
-        let delays: Vec<u128> = (0..7)
-            .map(|_| repairs.next_delay(&config).as_millis())
-            .collect();
-        // The first at once, then doubling from backoff_min, never past backoff_max: a writer
-        // fighting over the slices gets one repair per backoff_max at most.
-        assert_eq!(delays, [0, 500, 1000, 2000, 4000, 4000, 4000]);
-        // The last repair longer ago than backoff_max: the next one is at once again.
-        repairs.last = Instant::now().checked_sub(Duration::from_secs(5));
-        assert_eq!(repairs.next_delay(&config), Duration::ZERO);
-        assert_eq!(repairs.next_delay(&config), Duration::from_millis(500));
     }
 }
