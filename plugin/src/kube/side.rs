@@ -287,3 +287,57 @@ impl KubeSide {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device_health::DeviceHealth;
+
+    fn report(bad: &[(&str, &str)]) -> HealthReport {
+        let mut devices: BTreeMap<String, DeviceHealth> = ["a", "b", "c"]
+            .iter()
+            .map(|id| (id.to_string(), DeviceHealth::healthy()))
+            .collect();
+        for (id, reason) in bad {
+            devices.insert(
+                id.to_string(),
+                DeviceHealth {
+                    healthy: false,
+                    reason: reason.to_string(),
+                },
+            );
+        }
+        HealthReport {
+            devices,
+            checked_at: SystemTime::now(),
+        }
+    }
+
+    #[test]
+    fn a_device_stays_unhealthy_since_it_was_first_seen_so() {
+        let gone = "device node /dev/x of device a is gone";
+        let first = unhealthy_of(&report(&[("a", gone)]), &BTreeMap::new(), 100);
+        assert_eq!(
+            first,
+            BTreeMap::from([(
+                "a".to_string(),
+                UnhealthyDevice {
+                    since_unix: 100,
+                    reason: "device-node-gone".into(),
+                }
+            )])
+        );
+        // Still unhealthy at the next report: the time it was first seen stays (the taint's
+        // timeAdded does not move); a newly unhealthy one gets the time now.
+        let b = "device b (PCI 0000:01:00.0) is gone from sysfs";
+        let next = unhealthy_of(&report(&[("a", gone), ("b", b)]), &first, 200);
+        assert_eq!(next["a"].since_unix, 100);
+        assert_eq!(next["b"].since_unix, 200);
+        assert_eq!(next["b"].reason, "gone-from-sysfs");
+        // Healthy again: gone from the map, and a later relapse starts anew.
+        let healed = unhealthy_of(&report(&[("b", b)]), &next, 300);
+        assert!(!healed.contains_key("a"));
+        let again = unhealthy_of(&report(&[("a", gone), ("b", b)]), &healed, 400);
+        assert_eq!(again["a"].since_unix, 400);
+    }
+}
