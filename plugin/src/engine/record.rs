@@ -161,4 +161,19 @@ mod tests {
                 .is_empty()
         );
     }
+
+    #[test]
+    fn a_dra_claims_origin_is_written_as_its_own_kind() {
+        let dra = ClaimRecord {
+            origin: Origin::Dra,
+            ..record(RequestEnv::new())
+        };
+        let text = serde_json::to_string(&dra).unwrap();
+        assert!(text.contains(r#""origin":{"kind":"dra"}"#), "{text}");
+        assert_eq!(serde_json::from_str::<ClaimRecord>(&text).unwrap(), dra);
+        assert_eq!(Origin::Dra.container(), None);
+        // A claims-API record reads as before.
+        let api = serde_json::to_string(&record(RequestEnv::new())).unwrap();
+        assert!(api.contains(r#""origin":{"kind":"claims-api"}"#), "{api}");
+    }
 }
