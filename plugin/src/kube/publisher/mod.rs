@@ -335,6 +335,8 @@ async fn run(
         node_uid: None,
     };
     let mut session = None;
+    // Whether the operator was told that the pools asking for taints get withdrawal instead.
+    let mut taints_warned = false;
     let mut backoff = config.backoff_min;
     let mut repairs = Repairs {
         streak: 0,
@@ -402,6 +404,17 @@ async fn run(
                     st.last_error = None;
                     st.failures = 0;
                 });
+                let taints_dropped = caps.is_some_and(|c| !c.taints) && wants_taints(&src);
+                if taints_dropped && !taints_warned {
+                    tracing::warn!(
+                        gate = "DRADeviceTaints",
+                        "a pool asks for its unhealthy devices to be tainted, but the API server \
+                         does not keep device taints: they are withdrawn instead; turn the gate on \
+                         in the apiserver, scheduler and controller-manager, or set the pool's \
+                         unhealthy to withdraw"
+                    );
+                }
+                taints_warned = taints_dropped;
                 if round.writes > 0 {
                     tracing::info!(
                         generation = round.plan.generation,

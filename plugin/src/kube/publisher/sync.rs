@@ -97,13 +97,7 @@ pub async fn open(
              as devices one claim holds at a time"
         );
     }
-    if !caps.taints {
-        tracing::info!(
-            gate = "DRADeviceTaints",
-            "the API server does not keep device taints: unhealthy devices of pools set to \
-             taint them are withdrawn instead"
-        );
-    }
+
     Ok(Session {
         node_uid,
         caps,
