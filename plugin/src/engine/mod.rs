@@ -129,6 +129,9 @@ impl State {
 /// The claim engine. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Engine {
     state: Mutex<State>,
+    /// Bumped whenever a claim is allocated or released (in memory): what the DRA publisher
+    /// follows to withdraw devices held through other doors.
+    claims_changed: tokio::sync::watch::Sender<u64>,
     journal: Arc<Journal>,
     specs: Arc<cdi::SpecStore>,
     claims: ClaimLocks,
@@ -281,6 +284,7 @@ impl Engine {
         let _ = identity.check_cdi(&specs);
         let engine = Engine {
             state: Mutex::new(state),
+            claims_changed: tokio::sync::watch::channel(0).0,
             journal: Arc::new(journal),
             specs: Arc::new(specs),
             claims: ClaimLocks::default(),
@@ -308,6 +312,16 @@ impl Engine {
         // The policy never panics while the lock is held on valid input; if a
         // panic did poison it, the state is still the last consistent one.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A receiver bumped whenever a claim is allocated or released (its first value stands
+    /// for the claims restored at startup).
+    pub fn subscribe_claims(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.claims_changed.subscribe()
+    }
+
+    fn note_claims_changed(&self) {
+        self.claims_changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn step(&self, point: CrashPoint) -> Result<(), EngineError> {
@@ -341,6 +355,18 @@ impl Engine {
     ) -> Result<Prepared, EngineError> {
         self.prepare_gated(req, Origin::ClaimsApi, env, admitted)
             .await
+    }
+
+    /// [`Engine::prepare_admitted`] on behalf of `origin`: the claims API's results path serves
+    /// the kubelet's DRA calls as [`Origin::Dra`].
+    pub async fn prepare_admitted_as(
+        &self,
+        req: ClaimRequest,
+        origin: Origin,
+        env: RequestEnv,
+        admitted: impl FnOnce() -> bool,
+    ) -> Result<Prepared, EngineError> {
+        self.prepare_gated(req, origin, env, admitted).await
     }
 
     /// Prepares a claim on behalf of `origin` as [`Engine::prepare_admitted`] does: `admitted`
@@ -495,6 +521,9 @@ impl Engine {
             st.seq += 1;
             (outcome, st.seq)
         };
+        if !outcome.already {
+            self.note_claims_changed();
+        }
         if outcome.already {
             let prepared = self.grant(uid, &outcome.allocation, None).await?;
             return self.acknowledge(uid, prepared, cdi).await;
@@ -524,6 +553,8 @@ impl Engine {
                     if st.node.allocation(uid).is_none() {
                         st.origins.remove(uid);
                     }
+                    drop(st);
+                    self.note_claims_changed();
                 }
                 return Err(e);
             }
@@ -701,6 +732,7 @@ impl Engine {
             let current = self.journal.pending();
             let updates = st.node.release(uid);
             st.origins.remove(uid);
+            self.note_claims_changed();
             st.seq += 1;
             let seq = st.seq;
             let mut changes = vec![Change::DeleteRecord(uid.to_string())];
