@@ -384,17 +384,9 @@ impl Daemon {
             Box::new(move || device_health_status(&monitor.current())),
         );
         let dra = if config.dra.enabled {
-            // The kubelet's claims are recorded as this node's DRA claims (`Origin::Dra`): the
-            // one door the scheduler knows of.
-            let kubelet_facade = Arc::new(
-                ClaimsFacade::new(agent.clone(), metrics.clone())
-                    .with_driver_name(config.dra.driver_name.clone())
-                    .with_gate(gate.clone())
-                    .with_origin(crate::engine::Origin::Dra),
-            );
             let parts = super::dra::DraParts {
                 engine: engine.clone(),
-                claims: kubelet_facade,
+                claims: facade.clone(),
                 gate: gate.clone(),
                 health: device_health.clone(),
                 source: match (&opts.claim_source, &kube) {

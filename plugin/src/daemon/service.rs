@@ -21,7 +21,6 @@ pub struct ClaimsFacade {
     metrics: Arc<Metrics>,
     driver_name: String,
     gate: Option<Gate>,
-    origin: Origin,
 }
 
 impl ClaimsFacade {
@@ -33,7 +32,6 @@ impl ClaimsFacade {
             metrics,
             driver_name: crate::config::DraConfig::default().driver_name,
             gate: None,
-            origin: Origin::ClaimsApi,
         }
     }
 
@@ -44,15 +42,6 @@ impl ClaimsFacade {
     /// admitted goes on.
     pub fn with_gate(mut self, gate: Gate) -> Self {
         self.gate = Some(gate);
-        self
-    }
-
-    /// Records the claims it prepares as coming from `origin` ([`Origin::ClaimsApi`] unless
-    /// said): the kubelet's DRA calls go through a facade of [`Origin::Dra`], so that the
-    /// published slices can tell this node's DRA claims from holders the scheduler does not
-    /// know.
-    pub fn with_origin(mut self, origin: Origin) -> Self {
-        self.origin = origin;
         self
     }
 
@@ -158,9 +147,7 @@ impl ClaimService for ClaimsFacade {
             };
             let env = std::mem::take(&mut spec.env);
             let result = engine
-                .prepare_admitted_as(to_request(spec), self.origin.clone(), env, || {
-                    self.admitted()
-                })
+                .prepare_admitted(to_request(spec), env, || self.admitted())
                 .await;
             let outcome = if result.is_ok() { Outcome::Ok } else { Outcome::Error };
             metrics.record_prepare(outcome, started.elapsed());

@@ -108,6 +108,13 @@ struct State {
     /// [`Origin::ClaimsApi`]): most claims do, and an entry per claim cost a tenth of the
     /// daemon's memory with 10,000 claims.
     origins: BTreeMap<String, Origin>,
+    /// The committed claims a scheduler allocated: claims-API claims that named their devices
+    /// (DRA allocation results, from this node's DRA driver or another driver delegating to
+    /// nri-accel). Every other claim holds its devices through a door the scheduler does not
+    /// know, so the published slices withdraw them while held (docs/dra.md). Derived from the
+    /// records' origin and ask, so it needs nothing in the checkpoint an older nri-accel would
+    /// not read.
+    scheduled: BTreeSet<String>,
     /// Containers the runtime stopped and has not removed yet (StopContainer came, RemoveContainer
     /// not): they run nothing, so a device plugin allocation they used is free for the kubelet to
     /// hand out again (docs/device-plugin.md). In memory only: after a restart the runtime
@@ -116,6 +123,21 @@ struct State {
 }
 
 impl State {
+    /// Records whether committed claim `uid` was allocated by a scheduler (see `scheduled`).
+    fn set_scheduled(&mut self, uid: &str, origin: &Origin, ask: Option<&Ask>) {
+        if *origin == Origin::ClaimsApi && matches!(ask, Some(Ask::Named(_))) {
+            self.scheduled.insert(uid.to_string());
+        } else {
+            self.scheduled.remove(uid);
+        }
+    }
+
+    /// Forgets claim `uid`'s origin and whether it was scheduled (it was released).
+    fn forget(&mut self, uid: &str) {
+        self.origins.remove(uid);
+        self.scheduled.remove(uid);
+    }
+
     /// Records where committed claim `uid` came from (see `origins`).
     fn set_origin(&mut self, uid: &str, origin: Origin) {
         if origin == Origin::ClaimsApi {
@@ -274,9 +296,11 @@ impl Engine {
             node,
             seq: journal.pending().values().map(|p| p.seq).max().unwrap_or(0),
             origins: BTreeMap::new(),
+            scheduled: BTreeSet::new(),
             stopped: BTreeSet::new(),
         };
         for (uid, record) in kept {
+            state.set_scheduled(uid, &record.origin, record.ask.as_ref());
             state.set_origin(uid, record.origin.clone());
         }
         let pending_updates = journal.pending_count();
@@ -355,18 +379,6 @@ impl Engine {
     ) -> Result<Prepared, EngineError> {
         self.prepare_gated(req, Origin::ClaimsApi, env, admitted)
             .await
-    }
-
-    /// [`Engine::prepare_admitted`] on behalf of `origin`: the claims API's results path serves
-    /// the kubelet's DRA calls as [`Origin::Dra`].
-    pub async fn prepare_admitted_as(
-        &self,
-        req: ClaimRequest,
-        origin: Origin,
-        env: RequestEnv,
-        admitted: impl FnOnce() -> bool,
-    ) -> Result<Prepared, EngineError> {
-        self.prepare_gated(req, origin, env, admitted).await
     }
 
     /// Prepares a claim on behalf of `origin` as [`Engine::prepare_admitted`] does: `admitted`
@@ -516,6 +528,7 @@ impl Engine {
             if !outcome.already {
                 // Set with the allocation, so memory never shows the claim with another origin
                 // than its record's, whatever happens to the caller after the commit.
+                st.set_scheduled(uid, &origin, ask.as_ref());
                 st.set_origin(uid, origin.clone());
             }
             st.seq += 1;
@@ -551,7 +564,7 @@ impl Engine {
                     let mut st = self.state();
                     st.node.release(uid);
                     if st.node.allocation(uid).is_none() {
-                        st.origins.remove(uid);
+                        st.forget(uid);
                     }
                     drop(st);
                     self.note_claims_changed();
@@ -731,7 +744,7 @@ impl Engine {
             let mut st = self.state();
             let current = self.journal.pending();
             let updates = st.node.release(uid);
-            st.origins.remove(uid);
+            st.forget(uid);
             self.note_claims_changed();
             st.seq += 1;
             let seq = st.seq;
@@ -1071,6 +1084,21 @@ impl Engine {
             let origin = st.origins.get(&a.claim_uid).unwrap_or(&default);
             (a, origin)
         });
+        f(&mut it)
+    }
+
+    /// Runs `f` over the committed claims no scheduler allocated (every claim but the
+    /// claims-API claims that named their devices: see `State::scheduled`), whose devices the
+    /// published slices withdraw while held. The engine waits while `f` runs.
+    pub fn with_unscheduled_claims<T>(
+        &self,
+        f: impl for<'a> FnOnce(&mut dyn Iterator<Item = &'a Allocation>) -> T,
+    ) -> T {
+        let st = self.state();
+        let mut it = st
+            .node
+            .allocations()
+            .filter(|a| !st.scheduled.contains(a.claim_uid.as_str()));
         f(&mut it)
     }
 

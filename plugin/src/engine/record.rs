@@ -38,11 +38,6 @@ pub enum Origin {
     /// The claims API (a DRA driver or an operator); released by Unprepare.
     #[default]
     ClaimsApi,
-    /// This node's DRA driver: the kubelet's NodePrepareResources, for a claim the scheduler
-    /// allocated from the node's ResourceSlices; released by NodeUnprepareResources (or the
-    /// claims API's Unprepare). The one door the scheduler knows of: devices held through any
-    /// other are withdrawn from the slices while held (docs/dra.md).
-    Dra,
     /// A pod annotation; released when the container is removed.
     Annotation {
         /// The container the claim is scoped to.
@@ -91,7 +86,7 @@ impl Origin {
     /// The container this claim lives and dies with, if any.
     pub fn container(&self) -> Option<&str> {
         match self {
-            Origin::ClaimsApi | Origin::Dra | Origin::DevicePlugin(_) => None,
+            Origin::ClaimsApi | Origin::DevicePlugin(_) => None,
             Origin::Annotation { container_id } | Origin::Adopted { container_id } => {
                 Some(container_id)
             }
@@ -160,20 +155,5 @@ mod tests {
                 .env
                 .is_empty()
         );
-    }
-
-    #[test]
-    fn a_dra_claims_origin_is_written_as_its_own_kind() {
-        let dra = ClaimRecord {
-            origin: Origin::Dra,
-            ..record(RequestEnv::new())
-        };
-        let text = serde_json::to_string(&dra).unwrap();
-        assert!(text.contains(r#""origin":{"kind":"dra"}"#), "{text}");
-        assert_eq!(serde_json::from_str::<ClaimRecord>(&text).unwrap(), dra);
-        assert_eq!(Origin::Dra.container(), None);
-        // A claims-API record reads as before.
-        let api = serde_json::to_string(&record(RequestEnv::new())).unwrap();
-        assert!(api.contains(r#""origin":{"kind":"claims-api"}"#), "{api}");
     }
 }

@@ -59,9 +59,7 @@ impl Tally {
 /// The door a claim came through, as the `door` label says it.
 fn door(origin: &Origin) -> &'static str {
     match origin {
-        // The kubelet's DRA calls go through the claims API's results path: one label, as the
-        // dashboard and docs/operator-guide.md say.
-        Origin::ClaimsApi | Origin::Dra => "claims_api",
+        Origin::ClaimsApi => "claims_api",
         Origin::Annotation { .. } => "annotation",
         Origin::Adopted { .. } => "adopted",
         Origin::DevicePlugin(_) => "device_plugin",

@@ -16,7 +16,7 @@ use super::{DEFAULT_CALL_TIMEOUT, KubeApi, KubeClient, KubeError, topology};
 use crate::config::Config;
 use crate::device_health::HealthReport;
 use crate::discovery::RootFs;
-use crate::engine::{Engine, Origin};
+use crate::engine::Engine;
 use crate::names::is_dns_subdomain;
 
 /// The running Kubernetes side.
@@ -70,14 +70,12 @@ fn unhealthy_of(
         .collect()
 }
 
-/// The units held through another door than this node's DRA claims, from the engine's records.
+/// The units held through a door the scheduler does not know (every claim but the DRA
+/// allocation results a driver forwarded), from the engine's claims.
 pub fn held_elsewhere(engine: &Engine) -> HeldElsewhere {
-    engine.with_claims(|claims| {
+    engine.with_unscheduled_claims(|claims| {
         let mut held = HeldElsewhere::new();
-        for (a, origin) in claims {
-            if matches!(origin, Origin::Dra) {
-                continue;
-            }
+        for a in claims {
             for g in &a.results {
                 held.entry(g.device_id.clone())
                     .or_default()
