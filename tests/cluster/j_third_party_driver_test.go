@@ -236,6 +236,16 @@ func scenarioJOneDevice(t *testing.T, c *Cluster, x *proc) {
 	c.waitNothingHeld(t)
 }
 
+// countSinceStart counts the lines of log holding s since the process's last start.
+func countSinceStart(log, name, s string) int {
+	b, _ := os.ReadFile(log)
+	text := string(b)
+	if i := strings.LastIndex(text, "===== cluster: "+name+" starting"); i >= 0 {
+		text = text[i:]
+	}
+	return strings.Count(text, s)
+}
+
 func firstLineWith(text, s string) string {
 	for _, l := range strings.Split(text, "\n") {
 		if strings.Contains(l, s) {
@@ -251,6 +261,17 @@ func firstLineWith(text, s string) string {
 // is deleted the other runs; after both are gone nothing is held and no CDI spec is left, also
 // after both processes start again.
 func scenarioJKill9(t *testing.T, c *Cluster, x *proc) {
+	// The prepares answered so far, to tell those of this scenario's claims at the kills.
+	accelAnswers := func() (answered, granted int) {
+		granted = countSinceStart(c.Accel.Log, "nri-accel", "claim prepared")
+		return granted + countSinceStart(c.Accel.Log, "nri-accel", "claim not prepared"), granted
+	}
+	driverAnswers := func() int {
+		return countSinceStart(x.Log, "go-dra-driver", "claim prepared by nri-accel") +
+			countSinceStart(x.Log, "go-dra-driver", "nri-accel refused the claim")
+	}
+	answered0, granted0 := accelAnswers()
+	driver0 := driverAnswers()
 	c.apply(podYAML("j-kill-own", "own-accel0") + "---\n" + podYAML("j-kill-ext", "ext-accel0"))
 	pods := []string{"j-kill-own", "j-kill-ext"}
 	if !waitFor(60*time.Second, func() bool {
@@ -273,6 +294,11 @@ func scenarioJKill9(t *testing.T, c *Cluster, x *proc) {
 	time.Sleep(500 * time.Millisecond)
 	x.Kill()
 	killed := time.Now()
+	// Where the prepares were when the processes died (they race the kills; either way is a
+	// case the rest must survive).
+	answered, granted := accelAnswers()
+	t.Logf("at the kills: nri-accel had answered %d of this scenario's prepares (%d granted), the example driver had forwarded %d answers",
+		answered-answered0, granted-granted0, driverAnswers()-driver0)
 	time.Sleep(time.Second)
 	c.Accel.start(t)
 	c.waitAccelReady(t)
