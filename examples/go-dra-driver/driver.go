@@ -66,6 +66,7 @@ func (d *driver) PrepareResourceClaims(ctx context.Context, rcs []*resourceapi.R
 	if len(req) == 0 {
 		return out, nil
 	}
+	logger.V(2).Info("forwarding claims to nri-accel", "claims", len(req))
 	// A whole-call error (nri-accel restarting, a deadline) fails the kubelet's call: it retries.
 	answers, err := d.client.Prepare(ctx, req)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -255,23 +256,25 @@ func firstLineWith(text, s string) string {
 	return ""
 }
 
-// Scenario j-c: a pod through each driver asks for accel0 at once; the moment both claims are
-// allocated (both drivers' Prepares on their way), nri-accel and then the example driver are
-// killed (-9) and started again. Exactly one pod runs, the other is refused; after the first
+// Scenario j-c: kill -9 while both drivers prepare. nri-accel is frozen (SIGSTOP) and a pod
+// through each driver asking accel0 is created: the scheduler allocates both claims and the
+// kubelet calls both drivers, whose prepares wait on nri-accel (its own driver's in its DRA
+// socket, the example driver's Prepare in the claims socket: the driver logs that it
+// forwarded). The example driver is killed (-9) with its Prepare in flight, nri-accel is let go
+// (SIGCONT) and killed (-9) 0.3 s later, among the prepares it then serves (the dead driver's
+// one included); both start again. Exactly one pod runs, the other is refused; after the first
 // is deleted the other runs; after both are gone nothing is held and no CDI spec is left, also
 // after both processes start again.
 func scenarioJKill9(t *testing.T, c *Cluster, x *proc) {
-	// The prepares answered so far, to tell those of this scenario's claims at the kills.
-	accelAnswers := func() (answered, granted int) {
-		granted = countSinceStart(c.Accel.Log, "nri-accel", "claim prepared")
-		return granted + countSinceStart(c.Accel.Log, "nri-accel", "claim not prepared"), granted
-	}
-	driverAnswers := func() int {
-		return countSinceStart(x.Log, "go-dra-driver", "claim prepared by nri-accel") +
-			countSinceStart(x.Log, "go-dra-driver", "nri-accel refused the claim")
-	}
-	answered0, granted0 := accelAnswers()
-	driver0 := driverAnswers()
+	forwarded0 := countSinceStart(x.Log, "go-dra-driver", "forwarding claims to nri-accel")
+	granted0 := countSinceStart(c.Accel.Log, "nri-accel", "claim prepared")
+	must(t, syscall.Kill(c.Accel.cmd.Process.Pid, syscall.SIGSTOP))
+	frozen := true
+	defer func() {
+		if frozen {
+			_ = syscall.Kill(c.Accel.cmd.Process.Pid, syscall.SIGCONT)
+		}
+	}()
 	c.apply(podYAML("j-kill-own", "own-accel0") + "---\n" + podYAML("j-kill-ext", "ext-accel0"))
 	pods := []string{"j-kill-own", "j-kill-ext"}
 	if !waitFor(60*time.Second, func() bool {
@@ -286,20 +289,21 @@ func scenarioJKill9(t *testing.T, c *Cluster, x *proc) {
 				return false
 			}
 		}
-		return true
+		return countSinceStart(x.Log, "go-dra-driver", "forwarding claims to nri-accel") > forwarded0
 	}) {
-		t.Fatalf("the claims were not allocated:\n%s", c.kubectl("describe", "pods", "-n", "default"))
+		t.Fatalf("the claims were not allocated, or the example driver did not forward its prepare:\n%s\ndriver:\n%s",
+			c.kubectl("describe", "pods", "-n", "default"), tail(x.Log, 20))
 	}
-	c.Accel.Kill()
-	time.Sleep(500 * time.Millisecond)
-	x.Kill()
-	killed := time.Now()
-	// Where the prepares were when the processes died (they race the kills; either way is a
-	// case the rest must survive).
-	answered, granted := accelAnswers()
-	t.Logf("at the kills: nri-accel had answered %d of this scenario's prepares (%d granted), the example driver had forwarded %d answers",
-		answered-answered0, granted-granted0, driverAnswers()-driver0)
+	// The kubelet's call to nri-accel's own DRA socket is on its way by now too.
 	time.Sleep(time.Second)
+	x.Kill()
+	must(t, syscall.Kill(c.Accel.cmd.Process.Pid, syscall.SIGCONT))
+	frozen = false
+	time.Sleep(300 * time.Millisecond)
+	c.Accel.Kill()
+	killed := time.Now()
+	t.Logf("at the kills: nri-accel had granted %d prepares of this scenario",
+		countSinceStart(c.Accel.Log, "nri-accel", "claim prepared")-granted0)
 	c.Accel.start(t)
 	c.waitAccelReady(t)
 	x.start(t)
