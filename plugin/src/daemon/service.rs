@@ -27,7 +27,7 @@ impl ClaimsFacade {
     /// DRA results of any driver: the caller is the driver the scheduler allocated for (this
     /// node's own DRA plugin, or a third-party driver delegating to nri-accel), and the engine
     /// arbitrates by pool and device whoever the driver is. The kubelet DRA plugin keeps only
-    /// its own driver's results before it calls here ([`crate::kubelet::dra`]).
+    /// its own driver's results before it calls here (`kubelet/dra.rs`).
     pub fn new(agent: Arc<Agent>, metrics: Arc<Metrics>) -> Self {
         ClaimsFacade {
             agent,
