@@ -19,8 +19,8 @@ type Result struct {
 	ShareID string
 }
 
-// ForDriver keeps the results of one driver: a claim may hold devices of several drivers, and
-// nri-accel refuses results that are not for the driver it serves (dra.driver_name).
+// ForDriver keeps the results of one driver: a claim may hold devices of several drivers, and a
+// driver forwards to nri-accel the devices it published itself (docs/claims-api.md, "Messages").
 func ForDriver(driver string, results []Result) []Result {
 	var out []Result
 	for _, r := range results {

@@ -154,7 +154,8 @@ func (c *Client) forget(conn *connection) {
 		c.conn = nil
 	}
 	c.mu.Unlock()
-	// Closing twice is harmless; ttrpc's Close waits for nothing but its own reader.
+	// ttrpc closes a client once, so a second Close (from Close, or the reader's own end) is
+	// harmless; in a goroutine, since this may run on ttrpc's close callback.
 	go conn.ttrpc.Close()
 }
 

@@ -61,9 +61,21 @@ func (e *CallError) Error() string {
 	return fmt.Sprintf("nri-accel claims API %s failed (%s): %s", e.Method, e.Code, e.Message)
 }
 
-// Unwrap returns the underlying error, so errors.Is(err, context.DeadlineExceeded) holds for a
-// deadline the client saw pass.
+// Unwrap returns the underlying error (a ttrpc status, a dial error, a context error).
 func (e *CallError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, context.DeadlineExceeded) hold for every DEADLINE_EXCEEDED, whether the
+// client saw the deadline pass or the daemon answered it first, and errors.Is(err,
+// context.Canceled) for a canceled call.
+func (e *CallError) Is(target error) bool {
+	switch target {
+	case context.DeadlineExceeded:
+		return e.Code == DeadlineExceeded
+	case context.Canceled:
+		return e.Code == Canceled
+	}
+	return false
+}
 
 // GRPCStatus is the error as a gRPC status with the same code and message.
 func (e *CallError) GRPCStatus() *status.Status { return status.New(e.Code, e.Error()) }
@@ -98,8 +110,9 @@ func Retryable(err error) bool {
 	case Unavailable, DeadlineExceeded, Internal:
 		return true
 	case ResourceExhausted:
-		// The payload refusal names the limit in bytes; the busy refusal says to retry.
-		return !strings.Contains(ce.Message, "exceeds the claims API limit")
+		// Only the busy refusal says to retry; a payload over the daemon's limit or over ttrpc's
+		// 4 MiB frame ("message length N exceed maximum message size") fails again as sent.
+		return strings.Contains(ce.Message, "retry shortly")
 	}
 	return false
 }
