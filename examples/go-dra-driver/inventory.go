@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -20,55 +19,35 @@ type device struct {
 	Name string
 }
 
-// statusDoc is the part of nri-accel's status document (`nri-accel status --json`, the claims
-// API's Status) this driver reads: each pool's family and devices.
-type statusDoc struct {
-	Policy struct {
-		Pools []struct {
-			Name    string `json:"name"`
-			Family  string `json:"family"`
-			Devices []struct {
-				ID string `json:"id"`
-			} `json:"devices"`
-		} `json:"pools"`
-	} `json:"policy"`
-}
-
 // inventory asks nri-accel for its status and answers the devices ids names.
 func inventory(ctx context.Context, client *claims.Client, ids []string) ([]device, error) {
 	st, err := client.Status(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return parseInventory(st.JSON, ids)
+	return pick(st.Pools, ids)
 }
 
-// parseInventory answers the devices ids names in nri-accel's status document doc, in the order
-// given. Each must be a device of an exclusive pool: one claim holds it whole, which is all this
-// example publishes (shares and slices need the capacity and counter fields nri-accel's own
-// driver publishes).
-func parseInventory(doc []byte, ids []string) ([]device, error) {
-	var st statusDoc
-	if err := json.Unmarshal(doc, &st); err != nil {
-		return nil, fmt.Errorf("nri-accel's status document does not decode: %w", err)
-	}
-	type found struct{ pool, family string }
-	where := map[string]found{}
-	for _, p := range st.Policy.Pools {
+// pick answers the devices ids names among nri-accel's pools, in the order given. Each must be
+// a device of an exclusive pool: one claim holds it whole, which is all this example publishes
+// (shares and slices need the capacity and counter fields nri-accel's own driver publishes).
+func pick(pools []claims.StatusPool, ids []string) ([]device, error) {
+	where := map[string]claims.StatusPool{}
+	for _, p := range pools {
 		for _, d := range p.Devices {
-			where[d.ID] = found{p.Name, p.Family}
+			where[d.ID] = p
 		}
 	}
 	var out []device
 	for _, id := range ids {
-		f, ok := where[id]
+		p, ok := where[id]
 		switch {
 		case !ok:
 			return nil, fmt.Errorf("device %s is in no pool of nri-accel's (nri-accel status lists the pools and their devices): fix -devices", id)
-		case f.family != "exclusive":
-			return nil, fmt.Errorf("device %s is in pool %s of family %s, and this driver publishes only devices of exclusive pools: fix -devices", id, f.pool, f.family)
+		case p.Family != "exclusive":
+			return nil, fmt.Errorf("device %s is in pool %s of family %s, and this driver publishes only devices of exclusive pools: fix -devices", id, p.Name, p.Family)
 		}
-		out = append(out, device{ID: id, Pool: f.pool, Name: sanitize(f.pool) + "-" + sanitize(id)})
+		out = append(out, device{ID: id, Pool: p.Name, Name: sanitize(p.Name) + "-" + sanitize(id)})
 	}
 	return out, nil
 }
