@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -25,6 +26,8 @@ type driver struct {
 	client *claims.Client
 	// devices by their published name.
 	devices map[string]device
+	// fatal stops the driver (cancels its main context) with the cause.
+	fatal context.CancelCauseFunc
 }
 
 var _ kubeletplugin.DRAPlugin = (*driver)(nil)
@@ -146,8 +149,11 @@ func (d *driver) UnprepareResourceClaims(ctx context.Context, refs []kubeletplug
 	return out, nil
 }
 
-// HandleError logs errors of the helper's background work (publishing the ResourceSlice); the
-// helper retries what it can.
+// HandleError logs errors of the helper's background work (publishing the ResourceSlice). The
+// helper retries the recoverable ones; any other stops the driver, which exits with the error.
 func (d *driver) HandleError(ctx context.Context, err error, msg string) {
 	klog.FromContext(ctx).Error(err, msg)
+	if !errors.Is(err, kubeletplugin.ErrRecoverable) && d.fatal != nil {
+		d.fatal(fmt.Errorf("%s: %w", msg, err))
+	}
 }

@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -79,6 +80,8 @@ func main() {
 }
 
 func run(ctx context.Context, f flags) error {
+	ctx, fatal := context.WithCancelCause(ctx)
+	defer fatal(nil)
 	logger := klog.FromContext(ctx)
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = f.kubeconfig
@@ -109,7 +112,7 @@ func run(ctx context.Context, f flags) error {
 		}
 	}
 
-	d := &driver{name: f.driverName, pool: f.nodeName, client: client, devices: map[string]device{}}
+	d := &driver{name: f.driverName, pool: f.nodeName, client: client, devices: map[string]device{}, fatal: fatal}
 	for _, dev := range devs {
 		d.devices[dev.Name] = dev
 	}
@@ -135,6 +138,10 @@ func run(ctx context.Context, f flags) error {
 	logger.Info("go-dra-driver serving", "driver", f.driverName, "node", f.nodeName, "devices", len(devs), "claimsSocket", f.claimsSocket)
 	logRegistration(ctx, helper)
 	<-ctx.Done()
+	// A signal ends the driver cleanly; a fatal error of the helper's is the driver's error.
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
 	return nil
 }
 
