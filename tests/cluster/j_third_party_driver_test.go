@@ -47,7 +47,7 @@ spec:
 			}
 			t.Logf("cluster %s and the example driver up in %.1f s", v, time.Since(start).Seconds())
 			runScenarios(t, c, true,
-				scenario{"a_each_driver_a_pod", func(t *testing.T, c *Cluster) { scenarioJEachDriver(t, c) }},
+				scenario{"a_each_driver_a_pod", scenarioJEachDriver},
 				scenario{"b_one_device_two_drivers", func(t *testing.T, c *Cluster) { scenarioJOneDevice(t, c, x) }},
 				scenario{"c_kill9_both_mid_prepare", func(t *testing.T, c *Cluster) { scenarioJKill9(t, c, x) }},
 			)
