@@ -455,16 +455,10 @@ impl Engine {
         self.claims.lock(uid).await
     }
 
-    /// Refuses DRA results naming another driver than `driver_name`, and share ids on
-    /// devices that are not shared; nothing is allocated or written. The claims API and the
-    /// DRA plugin call it before [`Engine::prepare`].
-    pub fn check_results(
-        &self,
-        uid: &str,
-        driver_name: &str,
-        results: &[ResultRef<'_>],
-    ) -> Result<(), EngineError> {
-        ask::check_results(&self.state().node, uid, driver_name, results)
+    /// Refuses share ids on devices that are not shared; nothing is allocated or written. The
+    /// claims API (and through it the DRA plugin) calls it before [`Engine::prepare`].
+    pub fn check_results(&self, uid: &str, results: &[ResultRef<'_>]) -> Result<(), EngineError> {
+        ask::check_results(&self.state().node, uid, results)
     }
 
     /// Marks a device found in use by a running container without a record as
