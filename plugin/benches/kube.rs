@@ -87,7 +87,9 @@ async fn publish_bench(samples: usize) {
             pools: &big.pools,
             published: &big.published,
             pcie_roots: &big.pcie_roots,
-            unhealthy: &BTreeSet::new(),
+            unhealthy: &Default::default(),
+            held: &Default::default(),
+            driver: "accel.nri.io",
             caps: Capabilities::ALL,
         });
         building += t.elapsed();

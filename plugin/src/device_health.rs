@@ -37,6 +37,21 @@ impl DeviceHealth {
         }
     }
 
+    /// Why it is unhealthy as a label value (a taint's value, docs/dra.md "Device health"):
+    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, or
+    /// `unhealthy` for a reason this module did not word; empty when healthy.
+    pub fn cause(&self) -> &'static str {
+        let r = self.reason.as_str();
+        match () {
+            () if self.healthy => "",
+            () if r.ends_with("is gone from sysfs") => "gone-from-sysfs",
+            () if r.contains(") was unbound from its driver ") => "driver-unbound",
+            () if r.contains(") is bound to ") => "driver-changed",
+            () if r.starts_with("device node ") && r.ends_with(" is gone") => "device-node-gone",
+            () => "unhealthy",
+        }
+    }
+
     fn unhealthy(reason: String) -> Self {
         DeviceHealth {
             healthy: false,
@@ -340,6 +355,11 @@ mod tests {
             "{h:?}"
         );
         assert!(h["b"].reason.contains("gone from sysfs"), "{h:?}");
+        // The taint's values (docs/dra.md, "Device health").
+        assert_eq!(
+            (h["a"].cause(), h["b"].cause()),
+            ("driver-unbound", "gone-from-sysfs")
+        );
 
         // a bound to vfio-pci instead.
         let mut vfio = a.clone();
@@ -355,12 +375,15 @@ mod tests {
                 .contains("bound to vfio-pci instead of nvidia"),
             "{h:?}"
         );
+        assert_eq!(h["a"].cause(), "driver-changed");
 
         // Its device node removed.
         std::fs::remove_file(root.path().join("dev/nvidia0")).unwrap();
         let h = assess(&inv, &base, Some(&inv), &host);
         assert!(h["a"].reason.contains("/dev/nvidia0"), "{h:?}");
+        assert_eq!(h["a"].cause(), "device-node-gone");
         assert!(h["b"].healthy);
+        assert_eq!(h["b"].cause(), "");
     }
 
     #[test]

@@ -206,6 +206,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
             select: ids(&["gpu0", "gpu1"]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 0,
+            unhealthy: Default::default(),
         },
         PoolConfig {
             name: "shared".into(),
@@ -216,6 +217,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
                 compute_percent_per_share: 0,
             },
             cpus_per_device: 0,
+            unhealthy: Default::default(),
         },
     ];
     let node = policies::Node::new(inventory(4), &pools, &Registry::with_builtins()).unwrap();

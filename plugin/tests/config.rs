@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use nri_accel::config::{Config, ConfigError, ConfigSource, Position};
-use policies::FamilyConfig;
+use policies::{FamilyConfig, UnhealthyDevices};
 
 fn packaged() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/config.yaml")
@@ -87,6 +87,7 @@ fn packaged_config_examples_parse_when_uncommented() {
         cfg.pools[1].family,
         FamilyConfig::Shared { replicas: 4, .. }
     ));
+    assert_eq!(cfg.pools[1].unhealthy, UnhealthyDevices::TaintNoSchedule);
     assert!(
         matches!(&cfg.pools[2].family, FamilyConfig::Sliced { profiles, .. } if profiles.len() == 3)
     );
@@ -113,6 +114,29 @@ fn unknown_field_names_line_and_column() {
     let text = e.to_string();
     assert!(
         text.starts_with("test.yaml:4:3: unknown field `plugin_nmae`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_pools_unhealthy_mode_parses_and_an_unknown_one_names_the_accepted_ones() {
+    let pool = |mode: &str| {
+        format!(
+            "pools:\n  - name: p\n    select: {{}}\n    family: {{ kind: exclusive }}\n    unhealthy: {mode}\n"
+        )
+    };
+    let cfg = Config::from_yaml(&pool("taint-no-execute"), "t").unwrap();
+    assert_eq!(cfg.pools[0].unhealthy, UnhealthyDevices::TaintNoExecute);
+    assert_eq!(cfg.pools[0].unhealthy.taint_effect(), Some("NoExecute"));
+    let cfg = Config::from_yaml(&pool("withdraw"), "t").unwrap();
+    assert_eq!(cfg.pools[0].unhealthy, UnhealthyDevices::Withdraw);
+    let e = err(&pool("taint"));
+    assert_eq!(e.position(), at(5, 16));
+    let text = e.to_string();
+    assert!(
+        text.contains(
+            "unknown variant `taint`, expected one of withdraw, taint-no-schedule, taint-no-execute"
+        ),
         "{text}"
     );
 }

@@ -48,6 +48,7 @@ fn pools() -> Vec<PoolConfig> {
             select: ids(&["gpu0", "gpu1", "gpu2", "gpu3"]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 2,
+            unhealthy: Default::default(),
         },
         PoolConfig {
             name: "shared".into(),
@@ -58,6 +59,7 @@ fn pools() -> Vec<PoolConfig> {
                 compute_percent_per_share: 0,
             },
             cpus_per_device: 0,
+            unhealthy: Default::default(),
         },
         PoolConfig {
             name: "mig".into(),
@@ -67,6 +69,7 @@ fn pools() -> Vec<PoolConfig> {
                 profiles: nri_accel::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
+            unhealthy: Default::default(),
         },
     ]
 }

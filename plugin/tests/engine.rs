@@ -435,3 +435,43 @@ async fn a_claim_moving_the_shared_pool_of_a_big_node_commits_every_update() {
     );
     assert_eq!(engine.claims().len(), 1);
 }
+
+/// The claims a scheduler did not allocate are the ones the published slices withdraw: a
+/// claim naming its devices by DRA results is the scheduler's, a count claim is not; told
+/// apart from what the records already hold, so it is the same after a restart, and the record
+/// of a DRA claim is an ordinary claims-API record an older nri-accel reads.
+#[tokio::test]
+async fn only_claims_no_scheduler_allocated_are_unscheduled_before_and_after_a_restart() {
+    let d = dirs();
+    let unscheduled = |e: &nri_accel::engine::Engine| {
+        e.with_unscheduled_claims(|claims| {
+            let mut uids: Vec<String> = claims.map(|a| a.claim_uid.to_string()).collect();
+            uids.sort();
+            uids
+        })
+    };
+    let engine = open(&d);
+    engine
+        .prepare(claim_for("dra-claim", "gpu0"))
+        .await
+        .unwrap();
+    engine.prepare(claim_count("count-claim", 1)).await.unwrap();
+    assert_eq!(unscheduled(&engine), vec!["count-claim"]);
+    drop(engine);
+    let records = std::fs::read_dir(&d.state)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
+        .collect::<String>();
+    assert!(!records.contains(r#""kind":"dra""#), "{records}");
+
+    let engine = open(&d);
+    assert_eq!(unscheduled(&engine), vec!["count-claim"]);
+    engine.unprepare("count-claim").await.unwrap();
+    assert!(unscheduled(&engine).is_empty());
+    engine.unprepare("dra-claim").await.unwrap();
+    engine
+        .prepare(claim_count("dra-claim-reused", 1))
+        .await
+        .unwrap();
+    assert_eq!(unscheduled(&engine), vec!["dra-claim-reused"]);
+}

@@ -354,7 +354,7 @@ async fn devices_the_health_monitor_reports_unhealthy_are_withdrawn_and_return()
     tx.send_replace(Arc::new(report));
     let st = published_after(&side, st.rounds).await;
     assert!(st.withdrawn.iter().any(
-        |w| matches!(w, nri_accel::kube::slices::Withdrawal::Unhealthy { device } if device == "m0")
+        |w| matches!(w, nri_accel::kube::slices::Withdrawal::Unhealthy { device, .. } if device == "m0")
     ));
     let all = devices(&server.resource_slices());
     assert!(

@@ -108,7 +108,9 @@ fn device_classes_select_on_published_attributes() {
         pools: &src.pools,
         published: &src.published,
         pcie_roots: &src.pcie_roots,
-        unhealthy: &BTreeSet::new(),
+        unhealthy: &Default::default(),
+        held: &Default::default(),
+        driver: "accel.nri.io",
         caps: Capabilities::ALL,
     });
     let attributes: BTreeSet<String> = content

@@ -61,6 +61,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             select: pick(&[0..8, 32..40]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 1,
+            unhealthy: Default::default(),
         },
         PoolConfig {
             name: "mps".to_string(),
@@ -71,6 +72,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
                 compute_percent_per_share: 10,
             },
             cpus_per_device: 0,
+            unhealthy: Default::default(),
         },
         PoolConfig {
             name: "mig".to_string(),
@@ -85,6 +87,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
                 ],
             },
             cpus_per_device: 0,
+            unhealthy: Default::default(),
         },
     ]
 }

@@ -41,7 +41,9 @@ pub use policy::{
     DeviceSnapshot, HeldUnit, Near, Policy, PoolRequest, PoolSnapshot, PoolUsage, PublishedDevice,
     PublishedKind,
 };
-pub use pool::{DeviceSelector, FamilyConfig, FamilyKind, PoolConfig, ProfileConfig};
+pub use pool::{
+    DeviceSelector, FamilyConfig, FamilyKind, PoolConfig, ProfileConfig, UnhealthyDevices,
+};
 pub use prefer::Candidate;
 pub use refusal::{PolicyError, PoolFree, Refusal, RefusalContext, RefusalReason};
 pub use registry::{PolicyFactory, Registry};

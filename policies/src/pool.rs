@@ -19,6 +19,42 @@ pub struct PoolConfig {
     /// Exclusive CPUs from the device's NUMA node given with each granted device (0 = none).
     #[serde(default)]
     pub cpus_per_device: u32,
+    /// What the DRA driver publishes of an unhealthy device of this pool (docs/dra.md, "Device
+    /// health"): withdrawn (the default) or tainted. Policies ignore it.
+    #[serde(default, skip_serializing_if = "UnhealthyDevices::is_withdraw")]
+    pub unhealthy: UnhealthyDevices,
+}
+
+/// How the DRA driver publishes a pool's unhealthy devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnhealthyDevices {
+    /// Left out of the ResourceSlices until healthy again: no claim can be allocated them, on
+    /// any cluster.
+    #[default]
+    Withdraw,
+    /// Published with a `NoSchedule` taint: the scheduler keeps new claims off it; claims
+    /// already allocated keep it. Needs the API server's `DRADeviceTaints` (withdrawn without).
+    TaintNoSchedule,
+    /// Published with a `NoExecute` taint: as `NoSchedule`, and Kubernetes' device taint
+    /// eviction controller evicts the pods whose claims use it.
+    TaintNoExecute,
+}
+
+impl UnhealthyDevices {
+    /// Whether this is the default, [`UnhealthyDevices::Withdraw`].
+    pub fn is_withdraw(&self) -> bool {
+        *self == UnhealthyDevices::Withdraw
+    }
+
+    /// The taint effect, for the taint modes.
+    pub fn taint_effect(self) -> Option<&'static str> {
+        match self {
+            UnhealthyDevices::Withdraw => None,
+            UnhealthyDevices::TaintNoSchedule => Some("NoSchedule"),
+            UnhealthyDevices::TaintNoExecute => Some("NoExecute"),
+        }
+    }
 }
 
 impl PoolConfig {
@@ -33,6 +69,7 @@ impl PoolConfig {
             },
             family,
             cpus_per_device: 0,
+            unhealthy: UnhealthyDevices::Withdraw,
         }
     }
 }

@@ -86,6 +86,8 @@ type Options struct {
 	NoExclusiveCPUs bool
 	// NoHostAccel starts no nri-accel on the host: the test deploys it (scenario i).
 	NoHostAccel bool
+	// Unhealthy is pool whole's `unhealthy` field ("": the default, withdraw; scenario l).
+	Unhealthy string
 	// ExtraGates are turned on too, where a component lists them (scenario k: an alpha gate
 	// the other scenarios leave at its default).
 	ExtraGates []string

@@ -13,8 +13,8 @@ const fHealthCheckSecs = 1
 
 // Scenario f, device health: a device made unhealthy through the documented test hook (its device
 // node removed; docs/kubernetes.md, "Exercising device health") and made healthy again. Through
-// DRA (its own cluster, `dra`): the device is withdrawn from the ResourceSlice (nri-accel
-// publishes no taint on any version, docs/dra.md, "Device health"), a pod wanting it stays
+// DRA (its own cluster, `dra`): the device is withdrawn from the ResourceSlice (the pool keeps
+// the default `unhealthy: withdraw`, docs/dra.md, "Device health"; scenario l taints), a pod wanting it stays
 // Pending with the scheduler's reason while a pod wanting any device runs on the healthy one,
 // and the running pod that holds it shows it Unhealthy in its status where the kubelet reports
 // device health (ResourceHealthStatus). Through the device plugin (its own cluster,
@@ -185,15 +185,15 @@ func healthDRA(t *testing.T, c *Cluster) {
 		t.Fatalf("whole-accel1 still in the slice 60 s after accel1 turned unhealthy: %v", sortedKeys(c.publishedDevices(t)))
 	}
 	t.Logf("whole-accel1 withdrawn from the slice %.1f s after the hook", time.Since(hooked).Seconds())
-	// Withdrawn, not tainted (docs/dra.md, "Device health"): on 1.34 with the DRADeviceTaints
-	// alpha gate on and on 1.37 where taints are GA alike.
+	// Withdrawn, not tainted (the default `unhealthy: withdraw`, docs/dra.md, "Device health"):
+	// on 1.34 with the DRADeviceTaints alpha gate on and on 1.37 where taints are GA alike.
 	devs = c.publishedDevices(t)
 	if devs["whole-accel0"] == nil {
 		t.Errorf("whole-accel0 (healthy) is gone from the slice too: %v", sortedKeys(devs))
 	}
 	for name, d := range devs {
 		if taints := list(d, "taints"); len(taints) != 0 {
-			t.Errorf("device %s carries taints %v; nri-accel documents withdrawal, not taints", name, taints)
+			t.Errorf("device %s carries taints %v; a pool with the default unhealthy: withdraw is not tainted", name, taints)
 		}
 	}
 	st, err := c.AccelStatus()

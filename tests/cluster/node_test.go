@@ -292,6 +292,9 @@ func (c *Cluster) makeInventory(t *testing.T) string {
 	}
 	fmt.Fprintf(&b, "pools:\n  - name: whole\n    select: { ids: [%s] }\n    family: { kind: exclusive }\n    cpus_per_device: %d\n",
 		strings.Join(ids, ", "), cpusPerDevice)
+	if c.Opts.Unhealthy != "" {
+		fmt.Fprintf(&b, "    unhealthy: %s\n", c.Opts.Unhealthy)
+	}
 	b.WriteString("  - name: shared\n    select: { ids: [shared0] }\n    family: { kind: shared, replicas: 2, memory_mib_per_share: 8192 }\n")
 	b.WriteString("  - name: sliced\n    select: { ids: [sliced0] }\n    family:\n      kind: sliced\n      slots: 2\n      profiles:\n" +
 		"        - { name: half, size: 1, memory_mib: 8192, compute_units: 4, starts: [0, 1] }\n")

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
+use tokio::sync::Notify;
 
 /// How often a flood is summed up in the log while it lasts.
 pub(crate) const SUMMARY_EVERY: Duration = Duration::from_secs(10);
@@ -36,6 +37,8 @@ pub(crate) struct ConnState {
     evicted: AtomicBool,
     waker: AtomicWaker,
     epoch: Instant,
+    /// The table's signal that a call ended.
+    call_ended: Arc<Notify>,
 }
 
 impl ConnState {
@@ -43,7 +46,10 @@ impl ConnState {
     pub(crate) fn active(&self, in_flight: usize, requested: bool) {
         self.last_active_ms
             .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
-        self.in_flight.store(in_flight, Ordering::Relaxed);
+        let before = self.in_flight.swap(in_flight, Ordering::Relaxed);
+        if before > 0 && in_flight == 0 {
+            self.call_ended.notify_one();
+        }
         if requested {
             self.requested.store(true, Ordering::Relaxed);
         }
@@ -61,6 +67,8 @@ impl ConnState {
 pub(crate) struct ConnTable {
     epoch: Instant,
     conns: Mutex<Vec<Weak<ConnState>>>,
+    /// Told when a connection's last call in flight ends: it can be evicted now.
+    call_ended: Arc<Notify>,
 }
 
 impl Default for ConnTable {
@@ -68,6 +76,7 @@ impl Default for ConnTable {
         Self {
             epoch: Instant::now(),
             conns: Mutex::new(Vec::new()),
+            call_ended: Arc::new(Notify::new()),
         }
     }
 }
@@ -82,6 +91,7 @@ impl ConnTable {
             evicted: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             epoch: self.epoch,
+            call_ended: Arc::clone(&self.call_ended),
         });
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns.retain(|w| w.strong_count() > 0);
@@ -114,6 +124,23 @@ impl ConnTable {
         } else {
             Eviction::NeverRequested
         })
+    }
+
+    /// [`ConnTable::evict_one`], waiting up to `grace` for a call in flight to end when every
+    /// connection has one. A peer reads its answer as soon as the bytes are written, before the
+    /// connection's task has counted the write: a client that reconnects at once would otherwise
+    /// be refused because of its own call, already answered.
+    pub(crate) async fn evict_one_within(&self, grace: Duration) -> Option<Eviction> {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            // Asked for before the check, so a call ending in between is not missed (a
+            // notification with no waiter is kept for the next one).
+            let ended = self.call_ended.notified();
+            if let Some(eviction) = self.evict_one() {
+                return Some(eviction);
+            }
+            tokio::time::timeout_at(deadline, ended).await.ok()?;
+        }
     }
 }
 
@@ -376,5 +403,40 @@ mod tests {
         assert!(!busy.evicted.load(Ordering::SeqCst));
         drop((busy, idle, silent));
         assert_eq!(table.evict_one(), None);
+    }
+
+    #[tokio::test]
+    async fn a_call_ending_while_a_new_peer_waits_makes_room_instead_of_a_refusal() {
+        let table = Arc::new(ConnTable::default());
+        let busy = table.register();
+        busy.active(1, true);
+        let waiting = tokio::spawn({
+            let table = Arc::clone(&table);
+            async move { table.evict_one_within(Duration::from_secs(60)).await }
+        });
+        // The new peer is waiting: every connection has a call in flight.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished());
+        assert!(!busy.evicted.load(Ordering::SeqCst));
+        // The call's answer is written: the connection is idle and makes room.
+        busy.active(0, true);
+        assert_eq!(waiting.await.unwrap(), Some(Eviction::Idle));
+        assert!(busy.evicted.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_peer_is_refused_when_every_call_stays_in_flight_past_the_grace() {
+        let table = ConnTable::default();
+        let busy = table.register();
+        busy.active(1, true);
+        // Activity that leaves the call in flight wakes nobody for nothing.
+        busy.active(1, true);
+        assert_eq!(
+            table.evict_one_within(Duration::from_millis(20)).await,
+            None
+        );
+        assert!(!busy.evicted.load(Ordering::SeqCst));
     }
 }

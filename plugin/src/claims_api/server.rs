@@ -304,6 +304,11 @@ struct Acceptor {
 /// connection's task only has to see the eviction and end).
 const EVICTION_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a new connection waits, when every connection has a call in flight, for one of
+/// those calls to end before it is refused: long enough for a connection's task to count an
+/// answer its peer has already read, short enough not to stall the accept loop.
+const BUSY_GRACE: Duration = Duration::from_millis(100);
+
 impl Acceptor {
     /// Accepts connections until one is admitted; refused ones are told why (while few) and
     /// closed. Every refusal and eviction is counted in the rate-limited connection log.
@@ -371,7 +376,7 @@ impl Acceptor {
             return Some(slot);
         }
         loop {
-            let eviction = self.table.evict_one()?;
+            let eviction = self.table.evict_one_within(BUSY_GRACE).await?;
             let event = match eviction {
                 Eviction::NeverRequested => ConnEvent::EvictedNeverRequested,
                 Eviction::Idle => ConnEvent::EvictedIdle,

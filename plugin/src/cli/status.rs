@@ -176,11 +176,37 @@ fn kubernetes(k: &Value) -> String {
         );
     }
     for w in r["withdrawn"].as_array().into_iter().flatten() {
+        let claims: Vec<String> = w["claims"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(s)
+            .collect();
+        let why = match s(&w["reason"]).as_str() {
+            "held-elsewhere" => match w["shares_left"].as_u64() {
+                Some(left) => format!(
+                    "held by claim {} through another door than DRA; {left} share(s) left published",
+                    claims.join(", ")
+                ),
+                None => format!(
+                    "held by claim {} through another door than DRA",
+                    claims.join(", ")
+                ),
+            },
+            "unhealthy" if w["taint_dropped"] == true => {
+                "unhealthy; its pool asks for a taint but the API server drops taints".to_string()
+            }
+            other => other.to_string(),
+        };
+        let _ = writeln!(out, "  withdrawn: device {} ({why})", s(&w["device"]));
+    }
+    for t in r["tainted"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
-            "  withdrawn: device {} ({})",
-            s(&w["device"]),
-            s(&w["reason"])
+            "  tainted: device {} ({}, unhealthy: {})",
+            s(&t["device"]),
+            s(&t["effect"]),
+            s(&t["reason"])
         );
     }
     if let Some(e) = r["last_error"].as_str() {

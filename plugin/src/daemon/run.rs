@@ -261,11 +261,8 @@ impl Daemon {
                 ..Limits::default()
             },
         };
-        let facade = Arc::new(
-            ClaimsFacade::new(agent.clone(), metrics.clone())
-                .with_driver_name(config.dra.driver_name.clone())
-                .with_gate(gate.clone()),
-        );
+        let facade =
+            Arc::new(ClaimsFacade::new(agent.clone(), metrics.clone()).with_gate(gate.clone()));
         let claims = ClaimsServer::bind(
             &config.claims_api.socket,
             facade.clone(),
@@ -372,6 +369,7 @@ impl Daemon {
         };
         if let Some(k) = &kube {
             tasks.push(k.follow_health(device_health.subscribe()));
+            tasks.push(k.follow_claims(engine.clone()));
         }
         tasks.push(tokio::spawn(follow_device_health(
             device_health.clone(),

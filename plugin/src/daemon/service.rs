@@ -19,18 +19,19 @@ use crate::metrics::{Metrics, Outcome};
 pub struct ClaimsFacade {
     agent: Arc<Agent>,
     metrics: Arc<Metrics>,
-    driver_name: String,
     gate: Option<Gate>,
 }
 
 impl ClaimsFacade {
-    /// A facade over `agent` (the API enforces the gate and tells status about it), serving
-    /// the default DRA driver name.
+    /// A facade over `agent` (the API enforces the gate and tells status about it). It takes
+    /// DRA results of any driver: the caller is the driver the scheduler allocated for (this
+    /// node's own DRA plugin, or a third-party driver delegating to nri-accel), and the engine
+    /// arbitrates by pool and device whoever the driver is. The kubelet DRA plugin keeps only
+    /// its own driver's results before it calls here (`kubelet/dra.rs`).
     pub fn new(agent: Arc<Agent>, metrics: Arc<Metrics>) -> Self {
         ClaimsFacade {
             agent,
             metrics,
-            driver_name: crate::config::DraConfig::default().driver_name,
             gate: None,
         }
     }
@@ -49,20 +50,12 @@ impl ClaimsFacade {
     fn admitted(&self) -> bool {
         self.gate.as_ref().is_none_or(Gate::is_open)
     }
-
-    /// Serves DRA results of the driver `name` (`dra.driver_name`); results naming another
-    /// driver are refused per claim.
-    pub fn with_driver_name(mut self, name: String) -> Self {
-        self.driver_name = name;
-        self
-    }
 }
 
-/// Checks a claim's DRA results (driver, share ids) before it reaches the policy; answers the
-/// share ids to echo per result.
+/// Checks a claim's DRA results (share ids) before it reaches the policy; answers the share ids
+/// to echo per result.
 fn check_results(
     engine: &crate::engine::Engine,
-    driver_name: &str,
     spec: &ClaimSpec,
 ) -> Result<Vec<Option<String>>, String> {
     let ClaimAsk::Results(results) = &spec.ask else {
@@ -72,14 +65,13 @@ fn check_results(
         .iter()
         .map(|r| crate::engine::ResultRef {
             request: &r.request,
-            driver: &r.driver,
             pool: &r.pool,
             device: &r.device,
             share_id: r.share_id.as_deref(),
         })
         .collect();
     engine
-        .check_results(&spec.uid, driver_name, &refs)
+        .check_results(&spec.uid, &refs)
         .map_err(|e| e.to_string())?;
     Ok(results.iter().map(|r| r.share_id.clone()).collect())
 }
@@ -133,11 +125,10 @@ impl ClaimService for ClaimsFacade {
     async fn prepare(&self, claims: Vec<ClaimSpec>) -> PrepareResults {
         let engine = self.agent.engine();
         let metrics = &self.metrics;
-        let driver_name = self.driver_name.as_str();
         let work = claims.into_iter().map(|mut spec| async move {
             let uid = spec.uid.clone();
             let started = std::time::Instant::now();
-            let share_ids = match check_results(engine, driver_name, &spec) {
+            let share_ids = match check_results(engine, &spec) {
                 Ok(s) => s,
                 Err(e) => {
                     metrics.record_prepare(Outcome::Error, started.elapsed());

@@ -20,8 +20,6 @@ use super::EngineError;
 pub struct ResultRef<'a> {
     /// The request it answers.
     pub request: &'a str,
-    /// The DRA driver named in the result.
-    pub driver: &'a str,
     /// The pool.
     pub pool: &'a str,
     /// The published device.
@@ -157,23 +155,11 @@ pub fn describe_held(allocation: &Allocation) -> String {
     parts.join(", ")
 }
 
-/// Refuses results naming another driver than `driver_name`, and share ids on devices whose
-/// pool is not shared. Nothing is allocated or written either way.
-pub fn check_results(
-    node: &Node,
-    uid: &str,
-    driver_name: &str,
-    results: &[ResultRef<'_>],
-) -> Result<(), EngineError> {
+/// Refuses share ids on devices whose pool is not shared. Nothing is allocated or written.
+/// The driver a result names is not checked: any DRA driver may delegate its devices to
+/// nri-accel (docs/claims-api.md), which arbitrates by pool and device.
+pub fn check_results(node: &Node, uid: &str, results: &[ResultRef<'_>]) -> Result<(), EngineError> {
     for r in results {
-        if r.driver != driver_name {
-            return Err(EngineError::ForeignDriver {
-                claim: uid.to_string(),
-                result: format!("request {} (device {})", r.request, r.device),
-                driver: r.driver.to_string(),
-                ours: driver_name.to_string(),
-            });
-        }
         if let Some(share) = r.share_id
             && node.pool_family(r.pool) != Some(FamilyKind::Shared)
         {

@@ -179,20 +179,6 @@ pub enum EngineError {
         /// What was asked now.
         asked: String,
     },
-    /// A DRA result names another driver.
-    #[error(
-        "claim {claim} refused: the result for {result} is for driver {driver}, and this node serves {ours} (dra.driver_name); nothing was prepared"
-    )]
-    ForeignDriver {
-        /// The claim.
-        claim: String,
-        /// The result: `request <request> (device <device>)`.
-        result: String,
-        /// The driver named.
-        driver: String,
-        /// The configured driver name.
-        ours: String,
-    },
     /// A share id on a device that is not shared.
     #[error(
         "claim {claim} refused: device {device} of pool {pool} is not shared, so it takes no share id (got {share_id}); nothing was prepared"

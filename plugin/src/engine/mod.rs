@@ -108,6 +108,13 @@ struct State {
     /// [`Origin::ClaimsApi`]): most claims do, and an entry per claim cost a tenth of the
     /// daemon's memory with 10,000 claims.
     origins: BTreeMap<String, Origin>,
+    /// The committed claims a scheduler allocated: claims-API claims that named their devices
+    /// (DRA allocation results, from this node's DRA driver or another driver delegating to
+    /// nri-accel). Every other claim holds its devices through a door the scheduler does not
+    /// know, so the published slices withdraw them while held (docs/dra.md). Derived from the
+    /// records' origin and ask, so it needs nothing in the checkpoint an older nri-accel would
+    /// not read.
+    scheduled: BTreeSet<String>,
     /// Containers the runtime stopped and has not removed yet (StopContainer came, RemoveContainer
     /// not): they run nothing, so a device plugin allocation they used is free for the kubelet to
     /// hand out again (docs/device-plugin.md). In memory only: after a restart the runtime
@@ -116,6 +123,21 @@ struct State {
 }
 
 impl State {
+    /// Records whether committed claim `uid` was allocated by a scheduler (see `scheduled`).
+    fn set_scheduled(&mut self, uid: &str, origin: &Origin, ask: Option<&Ask>) {
+        if *origin == Origin::ClaimsApi && matches!(ask, Some(Ask::Named(_))) {
+            self.scheduled.insert(uid.to_string());
+        } else {
+            self.scheduled.remove(uid);
+        }
+    }
+
+    /// Forgets claim `uid`'s origin and whether it was scheduled (it was released).
+    fn forget(&mut self, uid: &str) {
+        self.origins.remove(uid);
+        self.scheduled.remove(uid);
+    }
+
     /// Records where committed claim `uid` came from (see `origins`).
     fn set_origin(&mut self, uid: &str, origin: Origin) {
         if origin == Origin::ClaimsApi {
@@ -129,6 +151,9 @@ impl State {
 /// The claim engine. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Engine {
     state: Mutex<State>,
+    /// Bumped whenever a claim is allocated or released (in memory): what the DRA publisher
+    /// follows to withdraw devices held through other doors.
+    claims_changed: tokio::sync::watch::Sender<u64>,
     journal: Arc<Journal>,
     specs: Arc<cdi::SpecStore>,
     claims: ClaimLocks,
@@ -271,9 +296,11 @@ impl Engine {
             node,
             seq: journal.pending().values().map(|p| p.seq).max().unwrap_or(0),
             origins: BTreeMap::new(),
+            scheduled: BTreeSet::new(),
             stopped: BTreeSet::new(),
         };
         for (uid, record) in kept {
+            state.set_scheduled(uid, &record.origin, record.ask.as_ref());
             state.set_origin(uid, record.origin.clone());
         }
         let pending_updates = journal.pending_count();
@@ -281,6 +308,7 @@ impl Engine {
         let _ = identity.check_cdi(&specs);
         let engine = Engine {
             state: Mutex::new(state),
+            claims_changed: tokio::sync::watch::channel(0).0,
             journal: Arc::new(journal),
             specs: Arc::new(specs),
             claims: ClaimLocks::default(),
@@ -308,6 +336,16 @@ impl Engine {
         // The policy never panics while the lock is held on valid input; if a
         // panic did poison it, the state is still the last consistent one.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A receiver bumped whenever a claim is allocated or released (its first value stands
+    /// for the claims restored at startup).
+    pub fn subscribe_claims(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.claims_changed.subscribe()
+    }
+
+    fn note_claims_changed(&self) {
+        self.claims_changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn step(&self, point: CrashPoint) -> Result<(), EngineError> {
@@ -417,16 +455,10 @@ impl Engine {
         self.claims.lock(uid).await
     }
 
-    /// Refuses DRA results naming another driver than `driver_name`, and share ids on
-    /// devices that are not shared; nothing is allocated or written. The claims API and the
-    /// DRA plugin call it before [`Engine::prepare`].
-    pub fn check_results(
-        &self,
-        uid: &str,
-        driver_name: &str,
-        results: &[ResultRef<'_>],
-    ) -> Result<(), EngineError> {
-        ask::check_results(&self.state().node, uid, driver_name, results)
+    /// Refuses share ids on devices that are not shared; nothing is allocated or written. The
+    /// claims API (and through it the DRA plugin) calls it before [`Engine::prepare`].
+    pub fn check_results(&self, uid: &str, results: &[ResultRef<'_>]) -> Result<(), EngineError> {
+        ask::check_results(&self.state().node, uid, results)
     }
 
     /// Marks a device found in use by a running container without a record as
@@ -490,11 +522,15 @@ impl Engine {
             if !outcome.already {
                 // Set with the allocation, so memory never shows the claim with another origin
                 // than its record's, whatever happens to the caller after the commit.
+                st.set_scheduled(uid, &origin, ask.as_ref());
                 st.set_origin(uid, origin.clone());
             }
             st.seq += 1;
             (outcome, st.seq)
         };
+        if !outcome.already {
+            self.note_claims_changed();
+        }
         if outcome.already {
             let prepared = self.grant(uid, &outcome.allocation, None).await?;
             return self.acknowledge(uid, prepared, cdi).await;
@@ -522,8 +558,10 @@ impl Engine {
                     let mut st = self.state();
                     st.node.release(uid);
                     if st.node.allocation(uid).is_none() {
-                        st.origins.remove(uid);
+                        st.forget(uid);
                     }
+                    drop(st);
+                    self.note_claims_changed();
                 }
                 return Err(e);
             }
@@ -700,7 +738,8 @@ impl Engine {
             let mut st = self.state();
             let current = self.journal.pending();
             let updates = st.node.release(uid);
-            st.origins.remove(uid);
+            st.forget(uid);
+            self.note_claims_changed();
             st.seq += 1;
             let seq = st.seq;
             let mut changes = vec![Change::DeleteRecord(uid.to_string())];
@@ -1039,6 +1078,21 @@ impl Engine {
             let origin = st.origins.get(&a.claim_uid).unwrap_or(&default);
             (a, origin)
         });
+        f(&mut it)
+    }
+
+    /// Runs `f` over the committed claims no scheduler allocated (every claim but the
+    /// claims-API claims that named their devices: see `State::scheduled`), whose devices the
+    /// published slices withdraw while held. The engine waits while `f` runs.
+    pub fn with_unscheduled_claims<T>(
+        &self,
+        f: impl for<'a> FnOnce(&mut dyn Iterator<Item = &'a Allocation>) -> T,
+    ) -> T {
+        let st = self.state();
+        let mut it = st
+            .node
+            .allocations()
+            .filter(|a| !st.scheduled.contains(a.claim_uid.as_str()));
         f(&mut it)
     }
 

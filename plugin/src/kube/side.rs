@@ -1,8 +1,9 @@
 //! The Kubernetes side as the daemon runs it: the API client, the node's identity and the
 //! ResourceSlice publisher, started when `dra.enabled`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -11,6 +12,7 @@ use super::claim_status::{Backoff, ClaimStatusWriter};
 use super::publisher::{
     Inputs, PublishSource, Publisher, PublisherConfig, PublisherHandle, RegistrationSignal,
 };
+use super::slices::{HeldElsewhere, UnhealthyDevice};
 use super::{DEFAULT_CALL_TIMEOUT, KubeApi, KubeClient, KubeError, topology};
 use crate::config::Config;
 use crate::device_health::HealthReport;
@@ -25,18 +27,65 @@ pub struct KubeSide {
     node: String,
     publisher: PublisherHandle,
     source: watch::Sender<Arc<PublishSource>>,
-    unhealthy: Arc<watch::Sender<BTreeSet<String>>>,
+    unhealthy: Arc<watch::Sender<BTreeMap<String, UnhealthyDevice>>>,
+    held: Arc<watch::Sender<HeldElsewhere>>,
     registrations: RegistrationSignal,
     claim_status: Option<Arc<ClaimStatusWriter>>,
 }
 
-/// Replaces the set in `tx` when it differs.
-fn send_unhealthy(tx: &watch::Sender<BTreeSet<String>>, ids: BTreeSet<String>) {
+/// Replaces the value in `tx` when it differs.
+fn send_changed<T: PartialEq>(tx: &watch::Sender<T>, value: T) {
     tx.send_if_modified(|now| {
-        let changed = *now != ids;
-        *now = ids;
+        let changed = *now != value;
+        *now = value;
         changed
     });
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The unhealthy devices of `report`, each seen unhealthy since its time in `before` (when it
+/// already was) or `now`.
+fn unhealthy_of(
+    report: &HealthReport,
+    before: &BTreeMap<String, UnhealthyDevice>,
+    now: i64,
+) -> BTreeMap<String, UnhealthyDevice> {
+    report
+        .devices
+        .iter()
+        .filter(|(_, h)| !h.healthy)
+        .map(|(id, h)| {
+            let since_unix = before.get(id).map_or(now, |u| u.since_unix);
+            (
+                id.clone(),
+                UnhealthyDevice {
+                    since_unix,
+                    reason: h.cause().to_string(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The units held through a door the scheduler does not know (every claim but the DRA
+/// allocation results a driver forwarded), from the engine's claims.
+pub fn held_elsewhere(engine: &Engine) -> HeldElsewhere {
+    engine.with_unscheduled_claims(|claims| {
+        let mut held = HeldElsewhere::new();
+        for a in claims {
+            for g in &a.results {
+                held.entry(g.device_id.clone())
+                    .or_default()
+                    .insert((a.claim_uid.clone(), g.unit.clone()));
+            }
+        }
+        held
+    })
 }
 
 /// What the pool is published from, as the engine's node and the config have it now.
@@ -70,10 +119,11 @@ impl KubeSide {
             DEFAULT_CALL_TIMEOUT,
         )
         .await?;
-        let side = KubeSide::with_api(
+        let side = KubeSide::with_api_holding(
             Arc::new(client),
             PublisherConfig::new(&config.dra.driver_name, &node),
             source_of(config, engine),
+            held_elsewhere(engine),
         );
         Ok(if config.dra.claim_status {
             side.with_claim_status(Backoff::default())
@@ -105,8 +155,20 @@ impl KubeSide {
         publisher: PublisherConfig,
         source: PublishSource,
     ) -> KubeSide {
+        Self::with_api_holding(api, publisher, source, HeldElsewhere::new())
+    }
+
+    /// Starts publishing `source` without what `held` holds through other doors than this
+    /// node's DRA claims, through `api`.
+    pub fn with_api_holding(
+        api: Arc<dyn KubeApi>,
+        publisher: PublisherConfig,
+        source: PublishSource,
+        held: HeldElsewhere,
+    ) -> KubeSide {
         let (source_tx, source_rx) = watch::channel(Arc::new(source));
-        let (unhealthy_tx, unhealthy_rx) = watch::channel(BTreeSet::new());
+        let (unhealthy_tx, unhealthy_rx) = watch::channel(BTreeMap::new());
+        let (held_tx, held_rx) = watch::channel(held);
         let (registrations, registrations_rx) = RegistrationSignal::new();
         let driver = publisher.driver.clone();
         let node = publisher.node.clone();
@@ -117,6 +179,7 @@ impl KubeSide {
             Inputs {
                 source: source_rx,
                 unhealthy: unhealthy_rx,
+                held: held_rx,
                 registrations: registrations_rx,
             },
         );
@@ -127,6 +190,7 @@ impl KubeSide {
             publisher,
             source: source_tx,
             unhealthy: Arc::new(unhealthy_tx),
+            held: Arc::new(held_tx),
             registrations,
             claim_status: None,
         }
@@ -168,13 +232,33 @@ impl KubeSide {
         self.source.send_replace(Arc::new(source));
     }
 
-    /// The devices that are unhealthy now (withdrawn from the pool until they recover).
+    /// The devices that are unhealthy now (withdrawn from the pool, or tainted, until they
+    /// recover), unhealthy since now unless they already were (tests, benchmarks).
     pub fn set_unhealthy(&self, ids: BTreeSet<String>) {
-        send_unhealthy(&self.unhealthy, ids);
+        let before = self.unhealthy.borrow().clone();
+        let now = unix_now();
+        let bad = ids
+            .into_iter()
+            .map(|id| {
+                let since_unix = before.get(&id).map_or(now, |u| u.since_unix);
+                let u = UnhealthyDevice {
+                    since_unix,
+                    reason: "unhealthy".into(),
+                };
+                (id, u)
+            })
+            .collect();
+        send_changed(&self.unhealthy, bad);
     }
 
-    /// Follows the device health monitor: every report's unhealthy devices are withdrawn until
-    /// they recover. The task ends when the monitor does.
+    /// The units held through another door than this node's DRA claims (tests; the daemon
+    /// follows the engine with [`KubeSide::follow_claims`]).
+    pub fn set_held(&self, held: HeldElsewhere) {
+        send_changed(&self.held, held);
+    }
+
+    /// Follows the device health monitor: every report's unhealthy devices are withdrawn (or
+    /// tainted) until they recover. The task ends when the monitor does.
     pub fn follow_health(
         &self,
         mut health: watch::Receiver<Arc<HealthReport>>,
@@ -182,13 +266,27 @@ impl KubeSide {
         let tx = self.unhealthy.clone();
         tokio::spawn(async move {
             loop {
-                let bad = health
-                    .borrow_and_update()
-                    .unhealthy()
-                    .map(str::to_string)
-                    .collect();
-                send_unhealthy(&tx, bad);
+                let bad = unhealthy_of(&health.borrow_and_update(), &tx.borrow(), unix_now());
+                send_changed(&tx, bad);
                 if health.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
+    /// Follows the engine's claims: what is held through another door than this node's DRA
+    /// claims is withdrawn from the pool until released. The first value is the engine's
+    /// records as startup restored them (so a hold survives a restart). The task ends when the
+    /// engine does.
+    pub fn follow_claims(&self, engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
+        let tx = self.held.clone();
+        let mut changes = engine.subscribe_claims();
+        tokio::spawn(async move {
+            loop {
+                changes.borrow_and_update();
+                send_changed(&tx, held_elsewhere(&engine));
+                if changes.changed().await.is_err() {
                     return;
                 }
             }
@@ -218,5 +316,59 @@ impl KubeSide {
                 "claim_status": claim_status,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device_health::DeviceHealth;
+
+    fn report(bad: &[(&str, &str)]) -> HealthReport {
+        let mut devices: BTreeMap<String, DeviceHealth> = ["a", "b", "c"]
+            .iter()
+            .map(|id| (id.to_string(), DeviceHealth::healthy()))
+            .collect();
+        for (id, reason) in bad {
+            devices.insert(
+                id.to_string(),
+                DeviceHealth {
+                    healthy: false,
+                    reason: reason.to_string(),
+                },
+            );
+        }
+        HealthReport {
+            devices,
+            checked_at: SystemTime::now(),
+        }
+    }
+
+    #[test]
+    fn a_device_stays_unhealthy_since_it_was_first_seen_so() {
+        let gone = "device node /dev/x of device a is gone";
+        let first = unhealthy_of(&report(&[("a", gone)]), &BTreeMap::new(), 100);
+        assert_eq!(
+            first,
+            BTreeMap::from([(
+                "a".to_string(),
+                UnhealthyDevice {
+                    since_unix: 100,
+                    reason: "device-node-gone".into(),
+                }
+            )])
+        );
+        // Still unhealthy at the next report: the time it was first seen stays (the taint's
+        // timeAdded does not move); a newly unhealthy one gets the time now.
+        let b = "device b (PCI 0000:01:00.0) is gone from sysfs";
+        let next = unhealthy_of(&report(&[("a", gone), ("b", b)]), &first, 200);
+        assert_eq!(next["a"].since_unix, 100);
+        assert_eq!(next["b"].since_unix, 200);
+        assert_eq!(next["b"].reason, "gone-from-sysfs");
+        // Healthy again: gone from the map, and a later relapse starts anew.
+        let healed = unhealthy_of(&report(&[("b", b)]), &next, 300);
+        assert!(!healed.contains_key("a"));
+        let again = unhealthy_of(&report(&[("a", gone), ("b", b)]), &healed, 400);
+        assert_eq!(again["a"].since_unix, 400);
     }
 }

@@ -223,6 +223,7 @@ fn model(devices: &[Published], rules: &Rules) -> Option<Node> {
                 },
                 family: config.family.clone(),
                 cpus_per_device: 0,
+                unhealthy: Default::default(),
             });
         }
     }

@@ -213,6 +213,8 @@ fn published_node(
         published: &published,
         pcie_roots: &BTreeMap::new(),
         unhealthy: &Default::default(),
+        held: &Default::default(),
+        driver: "accel.nri.io",
         caps: Capabilities::ALL,
     });
     let slice = ResourceSlice {

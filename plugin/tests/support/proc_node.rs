@@ -73,6 +73,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             select: select(0..e),
             family: FamilyConfig::Exclusive,
             cpus_per_device: layout.cpus_per_device,
+            unhealthy: Default::default(),
         });
     }
     if layout.shared > 0 {
@@ -85,6 +86,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
                 compute_percent_per_share: 1,
             },
             cpus_per_device: 0,
+            unhealthy: Default::default(),
         });
     }
     if layout.sliced > 0 {
@@ -96,6 +98,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
                 profiles: nri_accel::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
+            unhealthy: Default::default(),
         });
     }
     c

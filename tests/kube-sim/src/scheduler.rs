@@ -73,9 +73,20 @@ fn consumption(pool: &str, device: &Value) -> Counters {
     out
 }
 
+/// Whether a device carries a taint that keeps claims off it (no claim here tolerates one):
+/// `NoSchedule` or `NoExecute`, as the real scheduler's DRA allocator judges it.
+fn tainted(device: &Value) -> bool {
+    device["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|t| matches!(t["effect"].as_str(), Some("NoSchedule" | "NoExecute")))
+}
+
 /// Allocates `requests` (one device each) of driver `driver` on node `node`, given every
 /// ResourceSlice and every claim already allocated; answers the claim's `status.allocation`, or
-/// why it cannot be allocated. `uid` seeds the share IDs.
+/// why it cannot be allocated (tainted devices never are; a shared device at most its `shares`
+/// capacity times). `uid` seeds the share IDs.
 pub fn allocate(
     slices: &[Value],
     claims: &[Value],
@@ -139,12 +150,22 @@ pub fn allocate(
         let pick = devices.iter().find(|p| {
             let name = p.device["name"].as_str().unwrap_or_default();
             let shared = p.device["allowMultipleAllocations"] == true;
-            let free = shared || !taken.contains_key(&(p.pool.to_string(), name.to_string()));
+            let claims = taken
+                .get(&(p.pool.to_string(), name.to_string()))
+                .copied()
+                .unwrap_or(0);
+            // A shared device takes as many claims as its `shares` capacity (each takes one),
+            // any number without one.
+            let free = match (shared, quantity(&p.device["capacity"]["shares"]["value"])) {
+                (true, Some(shares)) => (claims as u128) < shares,
+                (true, None) => true,
+                (false, _) => claims == 0,
+            };
             let fits = consumption(p.pool, p.device).iter().all(|(k, need)| {
                 let have = available.get(k).copied().unwrap_or(0);
                 used.get(k).copied().unwrap_or(0).saturating_add(*need) <= have
             });
-            free && fits && (req.matches)(p.device)
+            free && fits && !tainted(p.device) && (req.matches)(p.device)
         });
         let Some(p) = pick else {
             return Err(format!(
@@ -299,6 +320,24 @@ mod tests {
         );
         let held = vec![held[0].clone(), claim_of("q", q)];
         assert!(allocate(&s, &held, "d", "n", "r", &req(&slice)).is_err());
+    }
+
+    #[test]
+    fn tainted_devices_are_never_allocated_and_shares_are_counted() {
+        let mut s = slices();
+        s[1]["spec"]["devices"][0]["taints"] =
+            json!([{"key": "accel.nri.io/unhealthy", "effect": "NoSchedule"}]);
+        let whole = kind("whole");
+        assert!(allocate(&s, &[], "d", "n", "a", &req(&whole)).is_err());
+        // Two shares: two claims, not a third.
+        s[1]["spec"]["devices"][1]["capacity"] = json!({"shares": {"value": "2"}});
+        let shared = kind("shared");
+        let mut claims = Vec::new();
+        for uid in ["x", "y"] {
+            let a = allocate(&s, &claims, "d", "n", uid, &req(&shared)).unwrap();
+            claims.push(claim_of(uid, a));
+        }
+        assert!(allocate(&s, &claims, "d", "n", "z", &req(&shared)).is_err());
     }
 
     #[test]

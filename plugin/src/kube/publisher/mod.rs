@@ -12,16 +12,23 @@
 //!
 //! Before publishing it asks the server (dry run) which gated fields it keeps, and after each
 //! write it compares what was stored with what was sent; see [`crate::kube::slices`] for what is
-//! published when a gate is off. Unhealthy devices are withdrawn from the pool rather than
-//! tainted: taints need the `DRADeviceTaints` gate and halve the devices a slice may hold, while a
-//! withdrawn device cannot be allocated on any cluster. Claims already prepared keep their devices.
+//! published when a gate is off. Unhealthy devices are withdrawn from the pool by default (a
+//! withdrawn device cannot be allocated on any cluster), or tainted where their pool says so and
+//! the server keeps taints (`DRADeviceTaints`; withdrawn where it does not). Claims already
+//! prepared keep their devices.
+//!
+//! Devices held through another door than this node's DRA claims are withdrawn as far as they
+//! are held ([`crate::kube::slices::doors`]). A new holder is withdrawn at once; a release is
+//! published after `settle`, and releases close together back off as repairs do, so a device
+//! granted and released in quick succession does not make the slices flap.
 
 mod probe;
 pub mod server;
 mod sync;
+mod waiting;
 pub mod wire;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,13 +37,13 @@ use policies::{Inventory, PoolConfig, PublishedDevice};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use super::slices::layout::SliceSummary;
-use super::slices::{Capabilities, Withdrawal};
+use super::slices::{Capabilities, HeldElsewhere, Tainted, UnhealthyDevice, Withdrawal};
 use super::{KubeApi, KubeError};
 use server::{ServerState, ServerStatus, ServerView};
-pub use sync::missing_gates;
+pub use sync::{missing_gates, wants_taints};
+use waiting::{Repairs, Waiting, Wake, wait};
 use wire::PoolMeta;
 
 /// Where and how the publisher publishes.
@@ -143,6 +150,8 @@ pub struct PublisherStatus {
     pub counter_sets: usize,
     /// What is not published and why.
     pub withdrawn: Vec<Withdrawal>,
+    /// Unhealthy devices published with a taint.
+    pub tainted: Vec<Tainted>,
     /// What the API server keeps, once probed.
     pub api_server: Option<Capabilities>,
     /// Feature gates the API server lacks (what is published without them: docs/dra.md).
@@ -218,12 +227,24 @@ impl RegistrationSignal {
     }
 }
 
+/// The devices' state a round publishes besides the source.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Health {
+    /// The unhealthy devices (withdrawn, or tainted where their pool says so).
+    pub unhealthy: BTreeMap<String, UnhealthyDevice>,
+    /// The units held through another door than this node's DRA claims.
+    pub held: HeldElsewhere,
+}
+
 /// What a publisher publishes from and what makes it publish again.
 pub struct Inputs {
     /// The inventory and pools; every new value republishes.
     pub source: watch::Receiver<Arc<PublishSource>>,
-    /// The devices withdrawn as unhealthy.
-    pub unhealthy: watch::Receiver<BTreeSet<String>>,
+    /// The unhealthy devices.
+    pub unhealthy: watch::Receiver<BTreeMap<String, UnhealthyDevice>>,
+    /// The units held through another door than this node's DRA claims (new holders are
+    /// withdrawn at once, releases published after `settle`).
+    pub held: watch::Receiver<HeldElsewhere>,
     /// Bumped each time the kubelet registers the driver: the kubelet wipes the node's slices
     /// when it starts and expects them published again.
     pub registrations: watch::Receiver<u64>,
@@ -231,8 +252,8 @@ pub struct Inputs {
 
 impl Publisher {
     /// Spawns the publisher of `config.node`'s pool: publishes `inputs.source` (and every later
-    /// value) without the devices `inputs.unhealthy` names, through `api`, and a watcher of what
-    /// the server holds of it.
+    /// value) without (or with a taint on) the devices `inputs.unhealthy` names and without what
+    /// `inputs.held` holds, through `api`, and a watcher of what the server holds of it.
     pub fn spawn(
         api: Arc<dyn KubeApi>,
         config: PublisherConfig,
@@ -297,48 +318,6 @@ impl Drop for PublisherHandle {
     }
 }
 
-/// Resolves when `rx` changes; never when its sender is gone.
-async fn changed<T>(rx: &mut watch::Receiver<T>) {
-    if rx.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// Resolves at `at`, never when there is none.
-async fn until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending::<()>().await,
-    }
-}
-
-/// Repairs of the server's copy close together: each waits twice as long as the one before,
-/// from nothing up to `backoff_max`; a quiet `backoff_max` starts over.
-struct Repairs {
-    streak: u32,
-    last: Option<Instant>,
-}
-
-impl Repairs {
-    /// How long to wait before the next repair, counting it.
-    fn next_delay(&mut self, config: &PublisherConfig) -> Duration {
-        let now = Instant::now();
-        if self
-            .last
-            .is_none_or(|last| now.duration_since(last) > config.backoff_max)
-        {
-            self.streak = 0;
-        }
-        let delay = match self.streak {
-            0 => Duration::ZERO,
-            n => (config.backoff_min * 2u32.saturating_pow(n - 1)).min(config.backoff_max),
-        };
-        self.streak = self.streak.saturating_add(1);
-        self.last = Some(now + delay);
-        delay
-    }
-}
-
 async fn run(
     api: Arc<dyn KubeApi>,
     config: PublisherConfig,
@@ -349,6 +328,7 @@ async fn run(
     let Inputs {
         mut source,
         mut unhealthy,
+        mut held,
         mut registrations,
     } = inputs;
     let mut meta = PoolMeta {
@@ -358,8 +338,15 @@ async fn run(
         node_uid: None,
     };
     let mut session = None;
+    // Whether the operator was told that the pools asking for taints get withdrawal instead.
+    let mut taints_warned = false;
     let mut backoff = config.backoff_min;
     let mut repairs = Repairs {
+        streak: 0,
+        last: None,
+    };
+    // Releases by other doors published close together back off as repairs do.
+    let mut returns = Repairs {
         streak: 0,
         last: None,
     };
@@ -368,7 +355,10 @@ async fn run(
     registrations.borrow_and_update();
     loop {
         let src = source.borrow_and_update().clone();
-        let bad = unhealthy.borrow_and_update().clone();
+        let health = Health {
+            unhealthy: unhealthy.borrow_and_update().clone(),
+            held: held.borrow_and_update().clone(),
+        };
         let result = async {
             let s = match session.as_mut() {
                 Some(s) => s,
@@ -378,7 +368,7 @@ async fn run(
                     session.insert(s)
                 }
             };
-            sync::round(api.as_ref(), &meta, s, &src, &bad, config.call_timeout).await
+            sync::round(api.as_ref(), &meta, s, &src, &health, config.call_timeout).await
         }
         .await;
         match result {
@@ -406,8 +396,11 @@ async fn run(
                     st.devices = round.content.devices.len();
                     st.counter_sets = round.content.counter_sets.len();
                     st.withdrawn = round.content.withdrawn.clone();
+                    st.tainted = round.content.tainted.clone();
                     st.api_server = caps;
-                    st.missing_gates = caps.map(missing_gates).unwrap_or_default();
+                    st.missing_gates = caps
+                        .map(|c| missing_gates(c, wants_taints(&src)))
+                        .unwrap_or_default();
                     st.numa_node_attribute = caps.map(|c| c.numa_node_attribute());
                     st.rounds += 1;
                     st.writes += round.writes;
@@ -415,6 +408,17 @@ async fn run(
                     st.last_error = None;
                     st.failures = 0;
                 });
+                let taints_dropped = caps.is_some_and(|c| !c.taints) && wants_taints(&src);
+                if taints_dropped && !taints_warned {
+                    tracing::warn!(
+                        gate = "DRADeviceTaints",
+                        "a pool asks for its unhealthy devices to be tainted, but the API server \
+                         does not keep device taints: they are withdrawn instead; turn the gate on \
+                         in the apiserver, scheduler and controller-manager, or set the pool's \
+                         unhealthy to withdraw"
+                    );
+                }
+                taints_warned = taints_dropped;
                 if round.writes > 0 {
                     tracing::info!(
                         generation = round.plan.generation,
@@ -427,12 +431,16 @@ async fn run(
                 }
                 let why = wait(
                     &config,
-                    &mut source,
-                    &mut unhealthy,
-                    &mut registrations,
-                    &mut view,
+                    Waiting {
+                        source: &mut source,
+                        unhealthy: &mut unhealthy,
+                        held: &mut held,
+                        registrations: &mut registrations,
+                        view: &mut view,
+                    },
+                    &health.held,
                     published.as_ref(),
-                    &mut repairs,
+                    (&mut repairs, &mut returns),
                     &status,
                 )
                 .await;
@@ -488,111 +496,5 @@ async fn run(
                 backoff = (backoff * 2).min(config.backoff_max);
             }
         }
-    }
-}
-
-/// Why the publisher publishes again.
-enum Wake {
-    /// The source or the device health changed.
-    Inputs,
-    /// The resync interval passed.
-    Resync,
-    /// The server's copy must be published anew.
-    Republish(Republish),
-}
-
-/// Waits, after a round, for the next reason to publish, keeping `status.server` equal to what
-/// the server holds. A difference is judged once it lasted `config.settle`, then repaired (after
-/// the streak's delay).
-#[allow(clippy::too_many_arguments)]
-async fn wait(
-    config: &PublisherConfig,
-    source: &mut watch::Receiver<Arc<PublishSource>>,
-    unhealthy: &mut watch::Receiver<BTreeSet<String>>,
-    registrations: &mut watch::Receiver<u64>,
-    view: &mut watch::Receiver<ServerView>,
-    published: Option<&BTreeMap<String, String>>,
-    repairs: &mut Repairs,
-    status: &watch::Sender<PublisherStatus>,
-) -> Wake {
-    let resync_at = Instant::now() + config.resync;
-    // When a difference seen is judged, and when a judged one is repaired.
-    let mut judge_at: Option<Instant> = None;
-    let mut repair_at: Option<Instant> = None;
-    loop {
-        let seen = server::divergence(&view.borrow_and_update(), published);
-        let differs = matches!(seen.state, ServerState::Missing | ServerState::Differs);
-        if !differs {
-            judge_at = None;
-            repair_at = None;
-        } else if judge_at.is_none() && repair_at.is_none() {
-            judge_at = Some(Instant::now() + config.settle);
-        }
-        status.send_modify(|st| {
-            if !differs && st.state == PublishState::Republishing {
-                // The server came back to what was published before the repair was due.
-                st.state = PublishState::Published;
-            }
-            // What the server holds, as soon as it is seen: the counts and the state agree even
-            // while a difference waits to be judged (the top-level state says republishing once
-            // it is).
-            st.server = seen.clone();
-        });
-        tokio::select! {
-            () = changed(source) => return Wake::Inputs,
-            () = changed(unhealthy) => return Wake::Inputs,
-            () = changed(registrations) => {
-                tracing::info!(driver = %config.driver, "the kubelet registered the driver; publishing the node's ResourceSlices again (a starting kubelet deletes them)");
-                return Wake::Republish(Republish::Registration);
-            }
-            () = changed(view) => {}
-            () = until(judge_at) => {
-                judge_at = None;
-                let delay = repairs.next_delay(config);
-                repair_at = Some(Instant::now() + delay);
-                status.send_modify(|st| {
-                    st.server.state = seen.state;
-                    st.state = PublishState::Republishing;
-                });
-                tracing::warn!(
-                    driver = %config.driver,
-                    missing = seen.missing,
-                    changed = seen.changed,
-                    extra = seen.extra,
-                    in_ms = delay.as_millis() as u64,
-                    "the API server's ResourceSlices of this node differ from what was published (the kubelet deletes them when it starts; or someone else changed them); publishing them again"
-                );
-            }
-            () = until(repair_at) => return Wake::Republish(Republish::ServerDiffers),
-            () = tokio::time::sleep_until(resync_at) => return Wake::Resync,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn repairs_close_together_back_off_and_a_quiet_spell_starts_over() {
-        let config = PublisherConfig {
-            backoff_min: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(4),
-            ..PublisherConfig::new("d", "n")
-        };
-        let mut repairs = Repairs {
-            streak: 0,
-            last: None,
-        };
-        let delays: Vec<u128> = (0..7)
-            .map(|_| repairs.next_delay(&config).as_millis())
-            .collect();
-        // The first at once, then doubling from backoff_min, never past backoff_max: a writer
-        // fighting over the slices gets one repair per backoff_max at most.
-        assert_eq!(delays, [0, 500, 1000, 2000, 4000, 4000, 4000]);
-        // The last repair longer ago than backoff_max: the next one is at once again.
-        repairs.last = Instant::now().checked_sub(Duration::from_secs(5));
-        assert_eq!(repairs.next_delay(&config), Duration::ZERO);
-        assert_eq!(repairs.next_delay(&config), Duration::from_millis(500));
     }
 }

@@ -5,6 +5,7 @@
 //! with `DRAConsumableCapacity` off drops `allowMultipleAllocations` and request policies. A
 //! Kubernetes 1.34 server with the gate on refuses a device consuming a counter set that is not
 //! in its own slice (1.34 kept counters beside the devices): that 422 also means "no partitions".
+//! One with `DRADeviceTaints` off (the 1.34 default) drops a device's `taints`.
 //! A third asks whether a list attribute value (`ints`, gate `DRAListTypeAttributes`) is kept:
 //! servers without the gate drop it (1.34 does not know the field) and then refuse the
 //! attribute left without a value, so a 422 or an answer without the list both mean "no".
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, Counter, CounterSet, Device, DeviceCapacity, DeviceCounterConsumption,
-    ResourceSlice,
+    DeviceTaint, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -70,8 +71,26 @@ fn probe_device(consumes: bool) -> Device {
                 counters: one(),
             }]
         }),
+        taints: Some(vec![DeviceTaint {
+            key: format!("{PROBE_DOMAIN}/probe"),
+            value: None,
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]),
         ..Device::default()
     }
+}
+
+/// The domain of the probe device's taint key (any label prefix will do).
+const PROBE_DOMAIN: &str = "accel.nri.io";
+
+fn taints_kept(stored: &ResourceSlice) -> bool {
+    stored
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
 }
 
 fn multiple_kept(stored: &ResourceSlice) -> bool {
@@ -109,7 +128,7 @@ pub async fn probe(
         Err(e) => return Err(e),
     };
     let devices = |consumes| probe_slice(meta, Body::Devices(vec![probe_device(consumes)]));
-    let (consumes_kept, multiple) = match call(
+    let (consumes_kept, multiple, taints) = match call(
         timeout,
         "a dry-run ResourceSlice",
         api.create_slice(&devices(true), true),
@@ -124,6 +143,7 @@ pub async fn probe(
                 .flatten()
                 .any(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())),
             multiple_kept(&stored),
+            taints_kept(&stored),
         ),
         Err(KubeError::Invalid { .. }) => {
             match call(
@@ -133,8 +153,8 @@ pub async fn probe(
             )
             .await
             {
-                Ok(stored) => (false, multiple_kept(&stored)),
-                Err(KubeError::Invalid { .. }) => (false, false),
+                Ok(stored) => (false, multiple_kept(&stored), taints_kept(&stored)),
+                Err(KubeError::Invalid { .. }) => (false, false, false),
                 Err(e) => return Err(e),
             }
         }
@@ -145,6 +165,7 @@ pub async fn probe(
         partitions: sets_kept && consumes_kept,
         multiple_allocations: multiple,
         numa_list,
+        taints,
     })
 }
 

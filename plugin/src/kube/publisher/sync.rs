@@ -1,7 +1,7 @@
 //! One publishing round: learn what the server keeps, read the node's slices, plan, write, and
 //! read back what was stored.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use super::wire::{self, PoolMeta};
-use super::{PublishSource, call, probe};
+use super::{Health, PublishSource, call, probe};
 use crate::kube::slices::layout::{self, Body, Existing, Plan, SliceSummary, Write};
 use crate::kube::slices::{self, Capabilities, PoolContent, PoolInput};
 use crate::kube::{KubeApi, KubeError};
@@ -47,8 +47,9 @@ pub struct Round {
     pub again: bool,
 }
 
-/// Gates missing, as operators know them.
-pub fn missing_gates(caps: Capabilities) -> Vec<&'static str> {
+/// Gates missing, as operators know them; `DRADeviceTaints` only when `wants_taints` (a pool
+/// asks for taints): without it nothing is lost otherwise.
+pub fn missing_gates(caps: Capabilities, wants_taints: bool) -> Vec<&'static str> {
     let mut out = Vec::new();
     if !caps.partitions {
         out.push("DRAPartitionableDevices");
@@ -56,7 +57,15 @@ pub fn missing_gates(caps: Capabilities) -> Vec<&'static str> {
     if !caps.multiple_allocations {
         out.push("DRAConsumableCapacity");
     }
+    if wants_taints && !caps.taints {
+        out.push("DRADeviceTaints");
+    }
     out
+}
+
+/// Whether a pool of `source` asks for its unhealthy devices to be tainted.
+pub fn wants_taints(source: &PublishSource) -> bool {
+    source.pools.iter().any(|p| !p.unhealthy.is_withdraw())
 }
 
 /// Opens a session: the Node's UID and what the server keeps.
@@ -88,6 +97,7 @@ pub async fn open(
              as devices one claim holds at a time"
         );
     }
+
     Ok(Session {
         node_uid,
         caps,
@@ -101,7 +111,7 @@ pub async fn round(
     meta: &PoolMeta,
     session: &mut Session,
     source: &Arc<PublishSource>,
-    unhealthy: &BTreeSet<String>,
+    health: &Health,
     timeout: Duration,
 ) -> Result<Round, KubeError> {
     let existing = match session.known.take() {
@@ -117,7 +127,9 @@ pub async fn round(
         pools: &source.pools,
         published: &source.published,
         pcie_roots: &source.pcie_roots,
-        unhealthy,
+        unhealthy: &health.unhealthy,
+        held: &health.held,
+        driver: &meta.driver,
         caps: session.caps,
     });
     let mut plan = layout::plan(&existing, &content, &meta.node, &meta.driver, &meta.pool);
@@ -178,23 +190,25 @@ pub async fn round(
                 let d = wire::dropped(&slice.spec, &stored.spec);
                 let stored = wire::existing(stored);
                 now.insert(stored.name.clone(), stored);
-                if d.other && !(d.counters || d.multiple_allocations) {
+                if d.other && !(d.counters || d.multiple_allocations || d.taints) {
                     tracing::warn!(slice = %name, "the API server stored a ResourceSlice that differs from what was written");
                 }
                 dropped.counters |= d.counters;
                 dropped.multiple_allocations |= d.multiple_allocations;
+                dropped.taints |= d.taints;
             }
             Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
-    if dropped.counters || dropped.multiple_allocations {
+    if dropped.counters || dropped.multiple_allocations || dropped.taints {
         let before = session.caps;
         session.caps.partitions &= !dropped.counters;
         session.caps.multiple_allocations &= !dropped.multiple_allocations;
+        session.caps.taints &= !dropped.taints;
         tracing::error!(
-            missing_gates = %missing_gates(session.caps).join(", "),
+            missing_gates = %missing_gates(session.caps, dropped.taints).join(", "),
             "the API server dropped fields of written ResourceSlices although the dry run kept \
              them; republishing at once without them so nothing can be allocated twice"
         );

@@ -160,6 +160,8 @@ pub struct Dropped {
     /// A device's `allowMultipleAllocations` or a capacity's `requestPolicy` (gate
     /// `DRAConsumableCapacity`).
     pub multiple_allocations: bool,
+    /// A device's `taints` (gate `DRADeviceTaints`).
+    pub taints: bool,
     /// Anything else: a device, attribute or capacity missing or changed.
     pub other: bool,
 }
@@ -167,7 +169,7 @@ pub struct Dropped {
 impl Dropped {
     /// Whether anything was dropped.
     pub fn any(&self) -> bool {
-        self.counters || self.multiple_allocations || self.other
+        self.counters || self.multiple_allocations || self.taints || self.other
     }
 }
 
@@ -205,6 +207,11 @@ pub fn dropped(sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) -> Dropped 
         };
         if policies(s) > policies(t) {
             d.multiple_allocations = true;
+        }
+        if s.taints.as_ref().is_some_and(|x| !x.is_empty())
+            && t.taints.as_ref().is_none_or(Vec::is_empty)
+        {
+            d.taints = true;
         }
         if s.attributes != t.attributes {
             d.other = true;

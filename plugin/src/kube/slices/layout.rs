@@ -171,9 +171,12 @@ fn consumes(d: &Device) -> usize {
         .sum()
 }
 
-/// Whether `devices` fit in one slice.
+/// Whether `devices` fit in one slice (64 devices when any consumes counters or has a taint,
+/// 128 otherwise).
 fn fits(devices: &[&Device]) -> bool {
-    let counted = devices.iter().any(|d| consumes(d) > 0);
+    let counted = devices
+        .iter()
+        .any(|d| consumes(d) > 0 || d.taints.as_ref().is_some_and(|t| !t.is_empty()));
     let limit = if counted {
         MAX_DEVICES_WITH_COUNTERS
     } else {

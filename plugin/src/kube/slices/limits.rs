@@ -2,7 +2,7 @@
 
 /// Devices per slice.
 pub const MAX_DEVICES: usize = 128;
-/// Devices per slice when any device of it consumes counters.
+/// Devices per slice when any device of it consumes counters or has a taint.
 pub const MAX_DEVICES_WITH_COUNTERS: usize = 64;
 /// Counters consumed by all devices of one slice together.
 pub const MAX_CONSUMED_PER_SLICE: usize = 1024;

@@ -14,14 +14,20 @@
 //! double-booked: without counters (gate `DRAPartitionableDevices` off) a sliced device's
 //! partitions are withdrawn and only the whole device is published; without multiple
 //! allocations (gate `DRAConsumableCapacity` off) a shared device is published as a device one
-//! claim holds at a time. Unhealthy devices are withdrawn (their counter sets stay).
+//! claim holds at a time. Unhealthy devices are withdrawn (their counter sets stay), or, where
+//! their pool asks for it and the server keeps taints, published with a taint
+//! ([`doors::taint`]). Devices held through another door than this node's DRA claims (the
+//! annotation path, a device plugin, the claims API, an adopted container) are withdrawn, as
+//! far as they are held ([`doors`]): the scheduler does not know those holders.
 
 mod device;
+pub mod doors;
 pub mod layout;
 pub mod limits;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
+pub use doors::{HeldElsewhere, Tainted, UnhealthyDevice};
 use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use policies::{FamilyConfig, Inventory, PoolConfig, PublishedDevice, PublishedKind};
 use serde::Serialize;
@@ -39,6 +45,9 @@ pub struct Capabilities {
     /// `allowMultipleAllocations` and capacity request policies are kept (gate
     /// `DRAConsumableCapacity`).
     pub multiple_allocations: bool,
+    /// A device's `taints` are kept (gate `DRADeviceTaints`: alpha and off by default in
+    /// Kubernetes 1.34, GA in 1.37).
+    pub taints: bool,
     /// A list attribute value (`ints`) is kept (gate `DRAListTypeAttributes`): the standard
     /// `resource.kubernetes.io/numaNode` is published as KEP-6072's list, else as its scalar.
     #[serde(default)]
@@ -50,6 +59,7 @@ impl Capabilities {
     pub const ALL: Capabilities = Capabilities {
         partitions: true,
         multiple_allocations: true,
+        taints: true,
         numa_list: true,
     };
 
@@ -70,8 +80,12 @@ pub struct PoolInput<'a> {
     pub published: &'a [PublishedDevice],
     /// Device id -> PCIe root (`pci<domain>:<bus>`).
     pub pcie_roots: &'a BTreeMap<String, String>,
-    /// Ids of devices that are unhealthy now.
-    pub unhealthy: &'a BTreeSet<String>,
+    /// The devices that are unhealthy now, by id.
+    pub unhealthy: &'a BTreeMap<String, UnhealthyDevice>,
+    /// The units held through another door than this node's DRA claims, by device id.
+    pub held: &'a HeldElsewhere,
+    /// The DRA driver name: the domain of the taint key.
+    pub driver: &'a str,
     /// What the API server accepts.
     pub caps: Capabilities,
 }
@@ -93,6 +107,25 @@ pub enum Withdrawal {
     Unhealthy {
         /// Inventory device id.
         device: String,
+        /// Its pool asks for a taint, but the API server drops taints (gate `DRADeviceTaints`
+        /// off): withdrawn instead.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        taint_dropped: bool,
+    },
+    /// Held through another door than this node's DRA claims (the annotation path, a device
+    /// plugin, the claims API, an adopted container): what the scheduler could allocate on top
+    /// of those holders is withdrawn until they release it.
+    HeldElsewhere {
+        /// Inventory device id.
+        device: String,
+        /// The claims holding it.
+        claims: Vec<String>,
+        /// The DRA devices withdrawn (all of its names, or the partitions overlapping what is
+        /// held; none when a shared device only publishes fewer shares).
+        names: Vec<String>,
+        /// A shared device's shares still published.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        shares_left: Option<u32>,
     },
     /// The API server drops counters: the device's partitions are withdrawn, the whole device
     /// stays.
@@ -127,6 +160,8 @@ pub struct PoolContent {
     pub counter_sets: Vec<CounterSet>,
     /// What was left out and why.
     pub withdrawn: Vec<Withdrawal>,
+    /// Unhealthy devices published with a taint.
+    pub tainted: Vec<Tainted>,
 }
 
 /// Builds the pool's content from `input` (pure: same input, same content).
@@ -233,11 +268,35 @@ pub fn build(input: &PoolInput<'_>) -> PoolContent {
                 }
             }
         }
-        if input.unhealthy.contains(&d.id) {
-            out.withdrawn.push(Withdrawal::Unhealthy {
-                device: d.id.clone(),
-            });
-            continue;
+        if let Some(held) = input.held.get(&d.id) {
+            out.withdrawn.push(doors::withdraw_held(
+                &d.id,
+                &pool.family,
+                held,
+                &mut entries,
+            ));
+        }
+        if let Some(sick) = input.unhealthy.get(&d.id) {
+            match pool.unhealthy.taint_effect() {
+                Some(effect) if input.caps.taints => {
+                    let taint = doors::taint(input.driver, effect, sick);
+                    for e in &mut entries {
+                        e.taints = Some(vec![taint.clone()]);
+                    }
+                    out.tainted.push(Tainted {
+                        device: d.id.clone(),
+                        effect,
+                        reason: sick.reason.clone(),
+                    });
+                }
+                wanted => {
+                    out.withdrawn.push(Withdrawal::Unhealthy {
+                        device: d.id.clone(),
+                        taint_dropped: wanted.is_some(),
+                    });
+                    continue;
+                }
+            }
         }
         out.devices.extend(entries.into_iter().map(|device| Entry {
             group: d.id.clone(),

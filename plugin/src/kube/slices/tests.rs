@@ -85,12 +85,33 @@ impl Fixture {
     }
 
     fn build(&self, caps: Capabilities, unhealthy: &BTreeSet<String>) -> PoolContent {
+        self.build_with(caps, unhealthy, &HeldElsewhere::new())
+    }
+
+    fn build_with(
+        &self,
+        caps: Capabilities,
+        unhealthy: &BTreeSet<String>,
+        held: &HeldElsewhere,
+    ) -> PoolContent {
+        let unhealthy = unhealthy
+            .iter()
+            .map(|id| {
+                let u = UnhealthyDevice {
+                    since_unix: 1_700_000_000,
+                    reason: "device-node-gone".into(),
+                };
+                (id.clone(), u)
+            })
+            .collect();
         build(&PoolInput {
             inventory: &self.inventory,
             pools: &self.pools,
             published: &self.published,
             pcie_roots: &self.roots,
-            unhealthy,
+            unhealthy: &unhealthy,
+            held,
+            driver: "accel.nri.io",
             caps,
         })
     }
@@ -159,6 +180,7 @@ fn shared_devices_take_several_claims_one_share_each() {
         Capabilities {
             partitions: true,
             multiple_allocations: false,
+            taints: true,
             numa_list: true,
         },
         &BTreeSet::new(),
@@ -221,6 +243,7 @@ fn without_counters_partitions_are_withdrawn_and_the_whole_device_stays() {
     let caps = Capabilities {
         partitions: false,
         multiple_allocations: true,
+        taints: true,
         numa_list: true,
     };
     let c = f.build(caps, &BTreeSet::new());
@@ -247,8 +270,207 @@ fn unhealthy_devices_are_withdrawn_but_their_counters_stay() {
     assert!(c.devices.iter().all(|e| e.group != "66" && e.group != "17"));
     assert_eq!(c.counter_sets.len(), 1);
     assert!(c.withdrawn.contains(&Withdrawal::Unhealthy {
-        device: "17".into()
+        device: "17".into(),
+        taint_dropped: false,
     }));
+}
+
+fn tainting(mode: policies::UnhealthyDevices) -> Fixture {
+    let mut f = Fixture::three_families();
+    for p in &mut f.pools {
+        p.unhealthy = mode;
+    }
+    f
+}
+
+#[test]
+fn a_pool_set_to_taint_publishes_its_unhealthy_devices_tainted() {
+    let f = tainting(policies::UnhealthyDevices::TaintNoExecute);
+    let bad = BTreeSet::from(["66".to_string(), "17".to_string()]);
+    let c = f.build(Capabilities::ALL, &bad);
+    // Every DRA device of the two is there, each with the one taint; the others have none.
+    let tainted: Vec<&Entry> = c
+        .devices
+        .iter()
+        .filter(|e| e.group == "66" || e.group == "17")
+        .collect();
+    assert_eq!(
+        tainted.len(),
+        1 + f.published.iter().filter(|p| p.device_id == "66").count()
+    );
+    for e in &tainted {
+        let t = e.device.taints.as_deref().unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].key, "accel.nri.io/unhealthy");
+        assert_eq!(t[0].value.as_deref(), Some("device-node-gone"));
+        assert_eq!(t[0].effect, "NoExecute");
+        assert_eq!(
+            t[0].time_added.as_ref().unwrap().0.as_second(),
+            1_700_000_000
+        );
+    }
+    assert!(
+        c.devices
+            .iter()
+            .filter(|e| e.group != "66" && e.group != "17")
+            .all(|e| e.device.taints.is_none())
+    );
+    assert!(
+        c.withdrawn
+            .iter()
+            .all(|w| !matches!(w, Withdrawal::Unhealthy { .. }))
+    );
+    assert_eq!(c.tainted.len(), 2);
+    assert_eq!(c.tainted[0].effect, "NoExecute");
+    // NoSchedule is the other effect.
+    let f = tainting(policies::UnhealthyDevices::TaintNoSchedule);
+    let c = f.build(Capabilities::ALL, &bad);
+    assert_eq!(
+        find(&c, "whole-17").taints.as_ref().unwrap()[0].effect,
+        "NoSchedule"
+    );
+}
+
+#[test]
+fn a_server_without_taints_gets_the_unhealthy_device_withdrawn_instead() {
+    let f = tainting(policies::UnhealthyDevices::TaintNoSchedule);
+    let caps = Capabilities {
+        taints: false,
+        ..Capabilities::ALL
+    };
+    let c = f.build(caps, &BTreeSet::from(["17".to_string()]));
+    assert!(c.devices.iter().all(|e| e.group != "17"));
+    assert!(c.devices.iter().all(|e| e.device.taints.is_none()));
+    assert!(c.withdrawn.contains(&Withdrawal::Unhealthy {
+        device: "17".into(),
+        taint_dropped: true,
+    }));
+    assert!(c.tainted.is_empty());
+}
+
+#[test]
+fn a_tainted_device_halves_what_its_slice_holds() {
+    let mut f = many(100, FamilyConfig::Exclusive);
+    f.pools[0].unhealthy = policies::UnhealthyDevices::TaintNoSchedule;
+    let healthy = layout::pack(&f.build(Capabilities::ALL, &BTreeSet::new()));
+    assert_eq!(healthy.len(), 1);
+    let c = f.build(Capabilities::ALL, &BTreeSet::from(["0000".to_string()]));
+    let bodies = layout::pack(&c);
+    assert_eq!(bodies.len(), 2);
+    assert!(
+        bodies
+            .iter()
+            .all(|b| b.device_count() <= MAX_DEVICES_WITH_COUNTERS)
+    );
+}
+
+fn held(device: &str, claim: &str, units: &[policies::Unit]) -> HeldElsewhere {
+    HeldElsewhere::from([(
+        device.to_string(),
+        units
+            .iter()
+            .map(|u| (claim.to_string(), u.clone()))
+            .collect(),
+    )])
+}
+
+#[test]
+fn a_device_held_through_another_door_is_withdrawn() {
+    let f = Fixture::three_families();
+    let c = f.build_with(
+        Capabilities::ALL,
+        &BTreeSet::new(),
+        &held("17", "ctr-1", &[policies::Unit::Whole]),
+    );
+    assert!(c.devices.iter().all(|e| e.group != "17"));
+    assert!(c.devices.iter().any(|e| e.group == "18"));
+    assert_eq!(
+        c.withdrawn,
+        vec![Withdrawal::HeldElsewhere {
+            device: "17".into(),
+            claims: vec!["ctr-1".into()],
+            names: vec!["whole-17".into()],
+            shares_left: None,
+        }]
+    );
+}
+
+#[test]
+fn a_shared_device_held_elsewhere_publishes_the_shares_left() {
+    let f = Fixture::three_families();
+    let share = |index| policies::Unit::Share { index, count: 1 };
+    let shares = |c: &PoolContent| {
+        find(c, "share-65").capacity.as_ref().unwrap()["shares"]
+            .value
+            .0
+            .clone()
+    };
+    let c = f.build_with(
+        Capabilities::ALL,
+        &BTreeSet::new(),
+        &held("65", "ctr-1", &[share(0)]),
+    );
+    assert_eq!(shares(&c), "3");
+    assert!(matches!(
+        &c.withdrawn[0],
+        Withdrawal::HeldElsewhere { names, shares_left: Some(3), .. } if names.is_empty()
+    ));
+    // Every replica held: withdrawn.
+    let all = [share(0), share(1), share(2), share(3)];
+    let c = f.build_with(Capabilities::ALL, &BTreeSet::new(), &held("65", "c", &all));
+    assert!(c.devices.iter().all(|e| e.group != "65"));
+}
+
+#[test]
+fn a_sliced_device_held_elsewhere_keeps_the_partitions_that_do_not_overlap() {
+    let f = Fixture::three_families();
+    let slice = policies::Unit::Slice {
+        profile: "2g.20gb".into(),
+        start: 2,
+        size: 2,
+    };
+    let c = f.build_with(
+        Capabilities::ALL,
+        &BTreeSet::new(),
+        &held("66", "ctr-1", &[slice]),
+    );
+    let names: BTreeSet<&str> = c
+        .devices
+        .iter()
+        .filter(|e| e.group == "66")
+        .map(|e| e.device.name.as_str())
+        .collect();
+    // Slots 2 and 3 are held: the whole device, 1g at 2 and 3, 2g at 2 and 4g at 0 go.
+    assert!(!names.contains("mig-66"));
+    for gone in [
+        "mig-66-1g-10gb-2",
+        "mig-66-1g-10gb-3",
+        "mig-66-2g-20gb-2",
+        "mig-66-4g-40gb-0",
+    ] {
+        assert!(!names.contains(gone), "{gone} still published");
+    }
+    for kept in [
+        "mig-66-1g-10gb-0",
+        "mig-66-1g-10gb-4",
+        "mig-66-2g-20gb-0",
+        "mig-66-2g-20gb-4",
+    ] {
+        assert!(names.contains(kept), "{kept} withdrawn");
+    }
+    // The counter set stays: the scheduler's own claims on the other partitions need it.
+    assert_eq!(c.counter_sets.len(), 1);
+}
+
+#[test]
+fn a_new_holder_is_more_a_release_is_not() {
+    let one = held("17", "a", &[policies::Unit::Whole]);
+    let none = HeldElsewhere::new();
+    assert!(super::doors::holds_more(&one, &none));
+    assert!(!super::doors::holds_more(&none, &one));
+    assert!(!super::doors::holds_more(&one, &one));
+    let other = held("17", "b", &[policies::Unit::Whole]);
+    assert!(super::doors::holds_more(&other, &one));
 }
 
 #[test]

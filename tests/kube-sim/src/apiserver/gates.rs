@@ -146,6 +146,26 @@ pub fn drop_disabled_slice_fields(gates: Gates, obj: &mut Value, old: Option<&Va
     }
 }
 
+/// What the real server fills in a written slice: a taint's `timeAdded` when absent (this
+/// server's clock is the fixed time of its creation timestamps).
+pub fn default_slice_fields(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for d in devices_mut(spec) {
+        for t in d
+            .get_mut("taints")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_object_mut)
+        {
+            t.entry("timeAdded")
+                .or_insert_with(|| Value::String("2026-01-01T00:00:00Z".into()));
+        }
+    }
+}
+
 /// The list values of an attribute (gate `DRAListTypeAttributes`).
 pub const LIST_VALUES: [&str; 4] = ["ints", "bools", "strings", "versions"];
 
@@ -178,6 +198,18 @@ mod tests {
         let mut s = slice();
         drop_disabled_slice_fields(Gates::ALL, &mut s, None);
         assert_eq!(s, slice());
+    }
+
+    #[test]
+    fn a_taint_without_a_time_gets_one_and_a_given_time_is_kept() {
+        let mut s = json!({"spec": {"devices": [{"name": "d", "taints": [
+            {"key": "k", "effect": "NoSchedule"},
+            {"key": "j", "effect": "NoExecute", "timeAdded": "2026-02-03T04:05:06Z"},
+        ]}]}});
+        default_slice_fields(&mut s);
+        let t = &s["spec"]["devices"][0]["taints"];
+        assert_eq!(t[0]["timeAdded"], "2026-01-01T00:00:00Z");
+        assert_eq!(t[1]["timeAdded"], "2026-02-03T04:05:06Z");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::claim_status;
 use super::events::{Event, Events};
-use super::gates::{Gates, drop_disabled_slice_fields};
+use super::gates::{Gates, default_slice_fields, drop_disabled_slice_fields};
 use super::resources::{RESOURCE_CLAIMS, RESOURCE_SLICES, Resource};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
@@ -240,6 +240,7 @@ impl Store {
         }
         if std::ptr::eq(resource, &RESOURCE_SLICES) {
             drop_disabled_slice_fields(self.gates, &mut obj, None);
+            default_slice_fields(&mut obj);
         }
         self.checks(resource, &name, &obj, None)?;
         obj["apiVersion"] = json!(resource.api_version());
@@ -307,6 +308,7 @@ impl Store {
         }
         if std::ptr::eq(resource, &RESOURCE_SLICES) {
             drop_disabled_slice_fields(self.gates, &mut obj, Some(&old));
+            default_slice_fields(&mut obj);
         }
         self.checks(resource, name, &obj, Some(&old))?;
         obj["apiVersion"] = json!(resource.api_version());
