@@ -54,6 +54,26 @@ fn the_cluster_role_grants_what_the_client_calls() {
         assert!(verbs("resourceslices").contains(v), "resourceslices {v}");
     }
     assert_eq!(verbs("resourceclaims"), BTreeSet::from(["get".to_string()]));
+    // The per-device status: a server-side apply (patch) of the status subresource, and on 1.36+
+    // the granular check of the driver's own entries on claims of the token's node only.
+    assert_eq!(
+        verbs("resourceclaims/status"),
+        BTreeSet::from(["patch".to_string()])
+    );
+    assert_eq!(
+        verbs("resourceclaims/driver"),
+        BTreeSet::from(["associated-node:patch".to_string()])
+    );
+    let driver_rule = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resources"][0] == "resourceclaims/driver")
+        .unwrap();
+    assert_eq!(
+        driver_rule["resourceNames"],
+        serde_json::json!(["accel.nri.io"])
+    );
     assert_eq!(verbs("nodes"), BTreeSet::from(["get".to_string()]));
     let binding = of_kind(&rbac, "ClusterRoleBinding")[0];
     let sa = of_kind(&rbac, "ServiceAccount")[0];

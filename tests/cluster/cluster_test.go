@@ -88,6 +88,9 @@ type Options struct {
 	NoHostAccel bool
 	// Unhealthy is pool whole's `unhealthy` field ("": the default, withdraw; scenario l).
 	Unhealthy string
+	// ExtraGates are turned on too, where a component lists them (scenario k: an alpha gate
+	// the other scenarios leave at its default).
+	ExtraGates []string
 }
 
 // Cluster is one single-node cluster under Dir.
@@ -217,7 +220,7 @@ func (c *Cluster) gatesFor(t *testing.T, component string) string {
 	t.Helper()
 	out, _ := exec.Command(filepath.Join(c.KubeBin, component), "-h").CombinedOutput()
 	var on []string
-	for _, g := range wantGates {
+	for _, g := range append(append([]string{}, wantGates...), c.Opts.ExtraGates...) {
 		re := regexp.MustCompile(`\b` + g + `=true\|false \((ALPHA|BETA|GA)`)
 		if m := re.FindStringSubmatch(string(out)); m != nil {
 			on = append(on, g+"=true")

@@ -388,6 +388,8 @@ func scenarioB(t *testing.T, c *Cluster) {
 	if rs := list(claim, "status", "reservedFor"); len(rs) != 1 || str(rs[0], "name") != "b-holder" {
 		t.Errorf("claim reservedFor %v, want the pod", rs)
 	}
+	// nri-accel's status.devices entry (KEP-4817), whichever credentials it runs with.
+	c.waitStatusEntry(t, str(claim, "metadata", "name"))
 	// Inside the container.
 	path := c.Devs.Path(0)
 	out, err := c.ExecIn("default", "b-holder", "app", "stat", "-c", "%F|%t|%T|%a", path)

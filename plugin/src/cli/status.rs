@@ -169,6 +169,12 @@ fn kubernetes(k: &Value) -> String {
             gates.join(", ")
         );
     }
+    if let Some(form) = r["numa_node_attribute"].as_str() {
+        let _ = writeln!(
+            out,
+            "resource.kubernetes.io/numaNode published as: {form} (as the API server answered)"
+        );
+    }
     for w in r["withdrawn"].as_array().into_iter().flatten() {
         let claims: Vec<String> = w["claims"]
             .as_array()
@@ -205,6 +211,29 @@ fn kubernetes(k: &Value) -> String {
     }
     if let Some(e) = r["last_error"].as_str() {
         let _ = writeln!(out, "last error ({} in a row): {e}", s(&r["failures"]));
+    }
+    let c = &k["claim_status"];
+    match c["enabled"].as_bool() {
+        Some(true) => {
+            let _ = writeln!(
+                out,
+                "claims' status.devices: {} pending, {} written, {} cleared, {} failed",
+                s(&c["pending"]),
+                s(&c["written"]),
+                s(&c["cleared"]),
+                s(&c["failed"])
+            );
+            if let Some(e) = c["last_error"].as_str() {
+                let _ = writeln!(out, "  last status error: {e}");
+            }
+        }
+        Some(false) => {
+            let _ = writeln!(
+                out,
+                "claims' status.devices: not written (dra.claim_status is off)"
+            );
+        }
+        None => {}
     }
     out
 }

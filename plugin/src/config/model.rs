@@ -321,6 +321,9 @@ pub struct DraConfig {
     pub max_connections: usize,
     /// Seconds a kubelet connection with no call open is kept; 0 keeps it.
     pub idle_timeout_secs: u64,
+    /// Write each prepared device's entry in its ResourceClaim's `status.devices` (KEP-4817)
+    /// and remove it at unprepare.
+    pub claim_status: bool,
 }
 
 impl Default for DraConfig {
@@ -332,6 +335,7 @@ impl Default for DraConfig {
             plugins_dir: PathBuf::from("/var/lib/kubelet/plugins"),
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
+            claim_status: true,
         }
     }
 }

@@ -7,14 +7,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::Agent;
+use crate::claims_api::PreparedDevice;
 use crate::claims_api::{ClaimRef, ClaimService};
 use crate::config::Config;
 use crate::device_health::HealthMonitor;
 use crate::engine::Engine;
 use crate::gate::Gate;
+use crate::kube::{ClaimStatusWriter, PreparedStatus};
 use crate::kubelet::{
     AllocatedClaim, ClaimSource, DraDriver, DraDriverConfig, DraService, DraSettings,
-    HealthService, KubeletError, REFRESH, WATCH_EVERY,
+    HealthService, KubeletError, PrepareObserver, REFRESH, WATCH_EVERY,
 };
 
 /// Why the DRA driver could not start.
@@ -44,6 +46,56 @@ impl ClaimSource for NoApiServer {
     }
 }
 
+/// Feeds what the DRA service prepared and unprepared to the claims' per-device status writer,
+/// with each device's NUMA node from the inventory.
+pub struct ClaimStatusObserver {
+    writer: Arc<ClaimStatusWriter>,
+    /// Published device name -> its NUMA node.
+    numa: std::collections::HashMap<String, u32>,
+}
+
+impl ClaimStatusObserver {
+    /// Writes through `writer`, naming the NUMA nodes of `engine`'s devices.
+    pub fn new(writer: Arc<ClaimStatusWriter>, engine: &Engine) -> ClaimStatusObserver {
+        let numa = engine.with_node(|n| {
+            let inventory = n.inventory();
+            n.published()
+                .into_iter()
+                .filter_map(|p| {
+                    let node = inventory
+                        .devices
+                        .iter()
+                        .find(|d| d.id == p.device_id)?
+                        .numa_node?;
+                    Some((p.name, node))
+                })
+                .collect()
+        });
+        ClaimStatusObserver { writer, numa }
+    }
+}
+
+impl PrepareObserver for ClaimStatusObserver {
+    fn prepared(&self, c: &ClaimRef, devices: &[PreparedDevice]) {
+        let devices: Vec<PreparedStatus> = devices
+            .iter()
+            .map(|d| PreparedStatus {
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                share_id: d.share_id.clone(),
+                cdi_device_ids: d.cdi_device_ids.clone(),
+                numa_node: self.numa.get(&d.device).copied(),
+            })
+            .collect();
+        self.writer
+            .prepared(&c.namespace, &c.name, &c.uid, &devices);
+    }
+
+    fn unprepared(&self, c: &ClaimRef) {
+        self.writer.unprepared(&c.namespace, &c.name, &c.uid);
+    }
+}
+
 /// What the DRA driver is built from.
 pub struct DraParts {
     /// The engine.
@@ -56,6 +108,8 @@ pub struct DraParts {
     pub health: HealthMonitor,
     /// Where claims' allocations are read.
     pub source: Arc<dyn ClaimSource>,
+    /// Told what was prepared and unprepared (the claims' per-device status), if anything.
+    pub observer: Option<Arc<dyn PrepareObserver>>,
 }
 
 /// Serves the kubelet's DRA plugin sockets as `config.dra` says and adds the registration's
@@ -76,6 +130,9 @@ pub fn start(config: &Config, agent: &Agent, parts: DraParts) -> Result<DraDrive
         parts.gate,
         parts.source,
     );
+    if let Some(o) = parts.observer {
+        dra.set_observer(o);
+    }
     let health = HealthService::new(parts.health, &published, &node, REFRESH);
     let driver = DraDriver::start_with_limits(
         DraDriverConfig {

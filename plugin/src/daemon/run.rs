@@ -395,6 +395,10 @@ impl Daemon {
                     )),
                     (None, None) => Arc::new(super::dra::NoApiServer),
                 },
+                observer: kube.as_ref().and_then(|k| k.claim_status()).map(|w| {
+                    Arc::new(super::dra::ClaimStatusObserver::new(w, &engine))
+                        as Arc<dyn crate::kubelet::PrepareObserver>
+                }),
             };
             Some(super::dra::start(config, &agent, parts)?)
         } else {
@@ -411,6 +415,12 @@ impl Daemon {
                 k.publisher().subscribe(),
                 metrics.clone(),
             )));
+            if let Some(w) = k.claim_status() {
+                tasks.push(tokio::spawn(follow_claim_status(
+                    w.subscribe(),
+                    metrics.clone(),
+                )));
+            }
         }
         let device_plugins = config.device_plugin.enabled.then(|| {
             let plugins = crate::kubelet::device_plugin::DevicePlugins::start(
@@ -579,6 +589,22 @@ async fn follow_publisher(
             );
         }
         if status.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Keeps the claim status metrics in step with the writer's totals.
+async fn follow_claim_status(
+    mut report: tokio::sync::watch::Receiver<crate::kube::ClaimStatusReport>,
+    metrics: Arc<Metrics>,
+) {
+    loop {
+        {
+            let r = report.borrow_and_update();
+            metrics.set_claim_status(r.pending as u64, r.failed);
+        }
+        if report.changed().await.is_err() {
             return;
         }
     }

@@ -8,10 +8,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{
-    Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams,
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
+    WatchParams,
 };
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use super::publisher::wire;
 use super::{FIELD_MANAGER, KubeApi, KubeError, SliceEvent, SliceEvents};
 
 /// How long one API call may take before it counts as a stall (connect, send, answer).
@@ -134,6 +136,55 @@ impl KubeClient {
     }
 }
 
+impl KubeClient {
+    async fn send_slice(
+        &self,
+        what: &str,
+        req: hyper::Request<Vec<u8>>,
+    ) -> Result<ResourceSlice, KubeError> {
+        let stored: serde_json::Value = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| KubeError::from_kube(what.to_string(), e))?;
+        slice_from_wire(what, stored)
+    }
+}
+
+/// Requests on the ResourceSlices collection.
+fn slices_request() -> kube::core::Request {
+    kube::core::Request::new("/apis/resource.k8s.io/v1/resourceslices")
+}
+
+fn request_error(what: &str, e: kube::core::request::Error) -> KubeError {
+    KubeError::Other {
+        what: what.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// A slice as sent: its carried list attributes as `ints` (wire::ints_to_wire).
+fn slice_to_wire(what: &str, slice: &ResourceSlice) -> Result<Vec<u8>, KubeError> {
+    let mut v = serde_json::to_value(slice).map_err(|e| request_error_json(what, e))?;
+    v["apiVersion"] = serde_json::json!("resource.k8s.io/v1");
+    v["kind"] = serde_json::json!("ResourceSlice");
+    wire::ints_to_wire(&mut v);
+    serde_json::to_vec(&v).map_err(|e| request_error_json(what, e))
+}
+
+/// A slice as the server sent it, its `ints` in the carried form (wire::ints_from_wire).
+fn slice_from_wire(what: &str, mut v: serde_json::Value) -> Result<ResourceSlice, KubeError> {
+    wire::ints_from_wire(&mut v);
+    serde_json::from_value(v).map_err(|e| request_error_json(what, e))
+}
+
+fn request_error_json(what: &str, e: serde_json::Error) -> KubeError {
+    KubeError::Other {
+        what: what.to_string(),
+        message: format!("the ResourceSlice does not decode: {e}"),
+    }
+}
+
 /// ResourceSlices asked for in one list call of [`KubeClient::list_driver_slices`].
 const SLICE_PAGE: u32 = 200;
 /// The most ResourceSlices [`KubeClient::list_driver_slices`] keeps.
@@ -167,13 +218,9 @@ impl KubeApi for KubeClient {
     }
 
     async fn list_slices(&self, driver: &str, node: &str) -> Result<Vec<ResourceSlice>, KubeError> {
-        let params =
-            ListParams::default().fields(&format!("spec.driver={driver},spec.nodeName={node}"));
-        self.slices()
-            .list(&params)
+        self.list_slices_versioned(driver, node)
             .await
-            .map(|list| list.items)
-            .map_err(|e| KubeError::from_kube(format!("the ResourceSlices of node {node}"), e))
+            .map(|(items, _)| items)
     }
 
     async fn list_slices_versioned(
@@ -181,16 +228,28 @@ impl KubeApi for KubeClient {
         driver: &str,
         node: &str,
     ) -> Result<(Vec<ResourceSlice>, String), KubeError> {
+        let what = format!("the ResourceSlices of node {node}");
         let params =
             ListParams::default().fields(&format!("spec.driver={driver},spec.nodeName={node}"));
-        let list =
-            self.slices().list(&params).await.map_err(|e| {
-                KubeError::from_kube(format!("the ResourceSlices of node {node}"), e)
-            })?;
-        Ok((
-            list.items,
-            list.metadata.resource_version.unwrap_or_default(),
-        ))
+        let req = slices_request()
+            .list(&params)
+            .map_err(|e| request_error(&what, e))?;
+        let list: serde_json::Value = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| KubeError::from_kube(what.clone(), e))?;
+        let version = list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let items = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|item| slice_from_wire(&what, item.clone()))
+            .collect::<Result<_, _>>()?;
+        Ok((items, version))
     }
 
     async fn watch_slices(
@@ -203,14 +262,20 @@ impl KubeApi for KubeClient {
         let params = WatchParams::default()
             .fields(&format!("spec.driver={driver},spec.nodeName={node}"))
             .timeout(WATCH_SECONDS);
-        let events = Api::<ResourceSlice>::all(self.watch_client.clone())
+        let req = slices_request()
             .watch(&params, resource_version)
+            .map_err(|e| request_error(&what, e))?;
+        let events = self
+            .watch_client
+            .request_events::<serde_json::Value>(req)
             .await
             .map_err(|e| KubeError::from_kube(what.clone(), e))?;
         Ok(events
             .map(move |event| match event {
-                Ok(WatchEvent::Added(s) | WatchEvent::Modified(s)) => Ok(SliceEvent::Applied(s)),
-                Ok(WatchEvent::Deleted(s)) => Ok(SliceEvent::Deleted(s)),
+                Ok(WatchEvent::Added(s) | WatchEvent::Modified(s)) => {
+                    slice_from_wire(&what, s).map(SliceEvent::Applied)
+                }
+                Ok(WatchEvent::Deleted(s)) => slice_from_wire(&what, s).map(SliceEvent::Deleted),
                 Ok(WatchEvent::Bookmark(b)) => {
                     Ok(SliceEvent::Bookmark(b.metadata.resource_version))
                 }
@@ -236,18 +301,21 @@ impl KubeApi for KubeClient {
                 .or(slice.metadata.generate_name.as_deref())
                 .unwrap_or("")
         );
-        self.slices()
-            .create(&post_params(dry_run), slice)
-            .await
-            .map_err(|e| KubeError::from_kube(what, e))
+        let body = slice_to_wire(&what, slice)?;
+        let req = slices_request()
+            .create(&post_params(dry_run), body)
+            .map_err(|e| request_error(&what, e))?;
+        self.send_slice(&what, req).await
     }
 
     async fn replace_slice(&self, slice: &ResourceSlice) -> Result<ResourceSlice, KubeError> {
         let name = slice.metadata.name.clone().unwrap_or_default();
-        self.slices()
-            .replace(&name, &post_params(false), slice)
-            .await
-            .map_err(|e| KubeError::from_kube(format!("ResourceSlice {name}"), e))
+        let what = format!("ResourceSlice {name}");
+        let body = slice_to_wire(&what, slice)?;
+        let req = slices_request()
+            .replace(&name, &post_params(false), body)
+            .map_err(|e| request_error(&what, e))?;
+        self.send_slice(&what, req).await
     }
 
     async fn delete_slice(&self, name: &str, resource_version: &str) -> Result<(), KubeError> {
@@ -263,5 +331,40 @@ impl KubeApi for KubeClient {
             .await
             .map(|_| ())
             .map_err(|e| KubeError::from_kube(format!("ResourceSlice {name}"), e))
+    }
+
+    async fn apply_claim_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        devices: &[serde_json::Value],
+    ) -> Result<Vec<serde_json::Value>, KubeError> {
+        let what = format!("ResourceClaim {namespace}/{name}");
+        let status = if devices.is_empty() {
+            serde_json::json!({})
+        } else {
+            serde_json::json!({ "devices": devices })
+        };
+        let body = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "status": status,
+        });
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let claim = Api::<ResourceClaim>::namespaced(self.client.clone(), namespace)
+            .patch_status(name, &params, &Patch::Apply(body))
+            .await
+            .map_err(|e| KubeError::from_kube(what.clone(), e))?;
+        let stored = claim.status.and_then(|s| s.devices).unwrap_or_default();
+        stored
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()
+            .map_err(|e| KubeError::Other {
+                what,
+                message: e.to_string(),
+            })
     }
 }

@@ -9,6 +9,7 @@
 //! side of all this.
 
 mod claim_source;
+pub mod claim_status;
 pub mod claims;
 pub mod cleanup;
 mod client;
@@ -25,6 +26,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
 pub use claim_source::ApiServerClaims;
+pub use claim_status::{ClaimStatusReport, ClaimStatusWriter, PreparedStatus};
 pub use claims::{ClaimAllocation, ClaimError, allocation_for};
 pub use client::{DEFAULT_CALL_TIMEOUT, KubeClient};
 pub use error::KubeError;
@@ -97,4 +99,23 @@ pub trait KubeApi: Send + Sync + 'static {
 
     /// Deletes a ResourceSlice if it is still at `resource_version`.
     async fn delete_slice(&self, name: &str, resource_version: &str) -> Result<(), KubeError>;
+
+    /// Server-side applies, as [`FIELD_MANAGER`], `devices` (resource.k8s.io/v1
+    /// AllocatedDeviceStatus objects as JSON) as this driver's entries of the `status.devices` of
+    /// ResourceClaim `namespace/name`, which must still have UID `uid` (else
+    /// [`KubeError::Conflict`] or [`KubeError::NotFound`]). An empty `devices` removes every entry
+    /// written before. Returns the claim's `status.devices` as stored.
+    async fn apply_claim_device_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        devices: &[serde_json::Value],
+    ) -> Result<Vec<serde_json::Value>, KubeError> {
+        let _ = (uid, devices);
+        Err(KubeError::Other {
+            what: format!("ResourceClaim {namespace}/{name}"),
+            message: "this API client cannot write a claim's status".into(),
+        })
+    }
 }

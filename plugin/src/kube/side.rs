@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use super::claim_status::{Backoff, ClaimStatusWriter};
 use super::publisher::{
     Inputs, PublishSource, Publisher, PublisherConfig, PublisherHandle, RegistrationSignal,
 };
@@ -29,6 +30,7 @@ pub struct KubeSide {
     unhealthy: Arc<watch::Sender<BTreeMap<String, UnhealthyDevice>>>,
     held: Arc<watch::Sender<HeldElsewhere>>,
     registrations: RegistrationSignal,
+    claim_status: Option<Arc<ClaimStatusWriter>>,
 }
 
 /// Replaces the value in `tx` when it differs.
@@ -117,14 +119,34 @@ impl KubeSide {
             DEFAULT_CALL_TIMEOUT,
         )
         .await?;
-        // What the engine's records hold (restored at startup) is withdrawn from the first
-        // round on: a hold survives a restart.
-        Ok(KubeSide::with_api_holding(
+        let side = KubeSide::with_api_holding(
             Arc::new(client),
             PublisherConfig::new(&config.dra.driver_name, &node),
             source_of(config, engine),
             held_elsewhere(engine),
-        ))
+        );
+        Ok(if config.dra.claim_status {
+            side.with_claim_status(Backoff::default())
+        } else {
+            side
+        })
+    }
+
+    /// Also writes the per-device status of the claims prepared (KEP-4817), retrying with
+    /// `backoff` while the API server fails.
+    pub fn with_claim_status(mut self, backoff: Backoff) -> KubeSide {
+        self.claim_status = Some(Arc::new(ClaimStatusWriter::spawn(
+            self.api.clone(),
+            &self.driver,
+            &self.node,
+            backoff,
+        )));
+        self
+    }
+
+    /// The writer of the claims' per-device status, unless `dra.claim_status` is off.
+    pub fn claim_status(&self) -> Option<Arc<ClaimStatusWriter>> {
+        self.claim_status.clone()
     }
 
     /// Starts publishing `source` through `api` (tests and benchmarks pass their own).
@@ -170,6 +192,7 @@ impl KubeSide {
             unhealthy: Arc::new(unhealthy_tx),
             held: Arc::new(held_tx),
             registrations,
+            claim_status: None,
         }
     }
 
@@ -273,14 +296,24 @@ impl KubeSide {
     /// The `kubernetes` member of the `status` document.
     pub fn status_source(&self) -> impl Fn() -> Value + Send + Sync + 'static {
         let rx = self.publisher.subscribe();
+        let status_rx = self.claim_status.as_ref().map(|w| w.subscribe());
         let (driver, node) = (self.driver.clone(), self.node.clone());
         move || {
             let slices = serde_json::to_value(&*rx.borrow()).unwrap_or(Value::Null);
+            let claim_status = match &status_rx {
+                Some(rx) => {
+                    let mut v = serde_json::to_value(&*rx.borrow()).unwrap_or(Value::Null);
+                    v["enabled"] = json!(true);
+                    v
+                }
+                None => json!({ "enabled": false }),
+            };
             json!({
                 "driver": driver,
                 "node": node,
                 "pool": node,
                 "resource_slices": slices,
+                "claim_status": claim_status,
             })
         }
     }

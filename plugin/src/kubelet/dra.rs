@@ -48,6 +48,16 @@ pub trait ClaimSource: Send + Sync + 'static {
     async fn allocation(&self, claim: &ClaimRef) -> Result<AllocatedClaim, String>;
 }
 
+/// Told what the DRA service prepared and unprepared, after the engine answered (the daemon writes
+/// each claim's per-device status, KEP-4817, from it). Must return at once: it runs inside the
+/// kubelet's call.
+pub trait PrepareObserver: Send + Sync + 'static {
+    /// `claim` was prepared (or found prepared) with `devices`, as the kubelet is answered.
+    fn prepared(&self, claim: &ClaimRef, devices: &[PreparedDevice]);
+    /// `claim` was unprepared (or was not held).
+    fn unprepared(&self, claim: &ClaimRef);
+}
+
 /// A claim's allocation for this driver as a [`ClaimSource`] reads it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AllocatedClaim {
@@ -119,6 +129,8 @@ struct Inner {
     source: Arc<dyn ClaimSource>,
     /// Published device name -> the policy pool that publishes it (the engine's pool name).
     published: HashMap<String, String>,
+    /// Told what was prepared and unprepared, once set.
+    observer: std::sync::OnceLock<Arc<dyn PrepareObserver>>,
 }
 
 impl DraService {
@@ -146,8 +158,15 @@ impl DraService {
                 claims,
                 source,
                 published,
+                observer: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Tells `observer` what each later call prepared and unprepared. Only the first observer
+    /// set is kept.
+    pub fn set_observer(&self, observer: Arc<dyn PrepareObserver>) {
+        let _ = self.inner.observer.set(observer);
     }
 
     /// Who this driver is.
@@ -242,6 +261,13 @@ impl Inner {
                 )),
             );
         }
+        if let Some(o) = self.observer.get() {
+            for c in &unique {
+                if let Some(Ok(devices)) = answers.get(&c.uid) {
+                    o.prepared(c, devices);
+                }
+            }
+        }
         answers
     }
 
@@ -257,7 +283,14 @@ impl Inner {
             }
         }
         if !valid.is_empty() {
-            answers.extend(self.claims.unprepare(valid).await);
+            answers.extend(self.claims.unprepare(valid.clone()).await);
+        }
+        if let Some(o) = self.observer.get() {
+            for c in &valid {
+                if matches!(answers.get(&c.uid), Some(Ok(()))) {
+                    o.unprepared(c);
+                }
+            }
         }
         answers
     }

@@ -21,7 +21,8 @@ pub use channel::dial;
 pub use conn::ConnLimits;
 pub use dra::{
     AllocatedClaim, ClaimSource, DraCallError, DraService, DraSettings, DraV1, DraV1beta1,
-    MAX_CLAIMS, MAX_MESSAGE_BYTES, MAX_RESULTS, PreparedClaims, SOURCE_TIMEOUT, UnpreparedClaims,
+    MAX_CLAIMS, MAX_MESSAGE_BYTES, MAX_RESULTS, PrepareObserver, PreparedClaims, SOURCE_TIMEOUT,
+    UnpreparedClaims,
 };
 pub use driver::{DraDriver, DraDriverConfig, DraDriverStatus, WATCH_EVERY};
 pub use error::KubeletError;

@@ -209,6 +209,8 @@ pub struct Metrics {
     slices_in_sync: Gauge,
     slice_devices_on_server: Gauge,
     slice_republishes: Family<ReasonLabels, Counter>,
+    claim_status_pending: Gauge,
+    claim_status_failed: Counter,
 }
 
 impl Default for Metrics {
@@ -251,6 +253,8 @@ impl Metrics {
         let slices_in_sync = Gauge::default();
         let slice_devices_on_server = Gauge::default();
         let slice_republishes = Family::<ReasonLabels, Counter>::default();
+        let claim_status_pending = Gauge::default();
+        let claim_status_failed = Counter::default();
         for reason in REPUBLISH_REASONS {
             let _zero = slice_republishes.get_or_create(&ReasonLabels { reason });
         }
@@ -370,6 +374,16 @@ impl Metrics {
             "Rounds that published the node's ResourceSlices anew, by reason: kubelet_registration (a starting kubelet deletes them) or server_differs (the server's copy was missing or changed)",
             slice_republishes.clone(),
         );
+        registry.register(
+            "claim_status_pending",
+            "Claims whose per-device status (ResourceClaim status.devices, KEP-4817) waits to be written or cleared, retried while the API server fails",
+            claim_status_pending.clone(),
+        );
+        registry.register(
+            "claim_status_failed",
+            "Per-device status writes given up: the API server refused them (invalid, denied) or dropped the entries",
+            claim_status_failed.clone(),
+        );
 
         Self {
             registry,
@@ -394,7 +408,16 @@ impl Metrics {
             slices_in_sync,
             slice_devices_on_server,
             slice_republishes,
+            claim_status_pending,
+            claim_status_failed,
         }
+    }
+
+    /// Record the per-device status writer's claims waiting and its total of writes given up
+    /// (which only grows).
+    pub fn set_claim_status(&self, pending: u64, failed: u64) {
+        self.claim_status_pending.set(saturating_i64(pending));
+        catch_up(&self.claim_status_failed, failed);
     }
 
     /// Record what the API server holds of the node's ResourceSlices: whether it is what was

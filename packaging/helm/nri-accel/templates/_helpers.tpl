@@ -51,6 +51,7 @@ pools:
 dra:
   enabled: true
   driver_name: {{ .Values.roles.dra.driverName }}
+  claim_status: {{ .Values.roles.dra.claimStatus }}
   # The kubelet's dirs, at the same paths in the pod: the kubelet dials what is registered.
   plugins_registry_dir: {{ .Values.host.kubeletDir }}/plugins_registry
   plugins_dir: {{ .Values.host.kubeletDir }}/plugins

@@ -156,6 +156,9 @@ pub struct PublisherStatus {
     pub api_server: Option<Capabilities>,
     /// Feature gates the API server lacks (what is published without them: docs/dra.md).
     pub missing_gates: Vec<&'static str>,
+    /// How the standard `resource.kubernetes.io/numaNode` is published, as the API server
+    /// answered the probe: `list` (KEP-6072's list, `DRAListTypeAttributes` on) or `scalar`.
+    pub numa_node_attribute: Option<&'static str>,
     /// Rounds completed.
     pub rounds: u64,
     /// Writes made since start.
@@ -398,6 +401,7 @@ async fn run(
                     st.missing_gates = caps
                         .map(|c| missing_gates(c, wants_taints(&src)))
                         .unwrap_or_default();
+                    st.numa_node_attribute = caps.map(|c| c.numa_node_attribute());
                     st.rounds += 1;
                     st.writes += round.writes;
                     st.last_sync_unix = Some(now());

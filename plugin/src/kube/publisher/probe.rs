@@ -6,6 +6,9 @@
 //! Kubernetes 1.34 server with the gate on refuses a device consuming a counter set that is not
 //! in its own slice (1.34 kept counters beside the devices): that 422 also means "no partitions".
 //! One with `DRADeviceTaints` off (the 1.34 default) drops a device's `taints`.
+//! A third asks whether a list attribute value (`ints`, gate `DRAListTypeAttributes`) is kept:
+//! servers without the gate drop it (1.34 does not know the field) and then refuse the
+//! attribute left without a value, so a 422 or an answer without the list both mean "no".
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,8 +22,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::call;
 use super::wire::{self, PoolMeta};
-use crate::kube::slices::Capabilities;
 use crate::kube::slices::layout::Body;
+use crate::kube::slices::{Capabilities, NUMA_NODE};
 use crate::kube::{KubeApi, KubeError};
 
 const PROBE: &str = "nri-accel-probe";
@@ -157,9 +160,42 @@ pub async fn probe(
         }
         Err(e) => return Err(e),
     };
+    let numa_list = numa_list_kept(api, meta, timeout).await?;
     Ok(Capabilities {
         partitions: sets_kept && consumes_kept,
         multiple_allocations: multiple,
+        numa_list,
         taints,
     })
+}
+
+/// Whether a dry-run device with the standard NUMA node as a list comes back with the list.
+async fn numa_list_kept(
+    api: &dyn KubeApi,
+    meta: &PoolMeta,
+    timeout: Duration,
+) -> Result<bool, KubeError> {
+    let sent = wire::ints(&[0]);
+    let device = Device {
+        name: PROBE.into(),
+        attributes: Some(BTreeMap::from([(NUMA_NODE.to_string(), sent.clone())])),
+        ..Device::default()
+    };
+    let slice = probe_slice(meta, Body::Devices(vec![device]));
+    match call(
+        timeout,
+        "a dry-run ResourceSlice",
+        api.create_slice(&slice, true),
+    )
+    .await
+    {
+        Ok(stored) => Ok(stored.spec.devices.iter().flatten().any(|d| {
+            d.attributes
+                .as_ref()
+                .and_then(|a| a.get(NUMA_NODE))
+                .is_some_and(|a| *a == sent)
+        })),
+        Err(KubeError::Invalid { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
 }

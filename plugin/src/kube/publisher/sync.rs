@@ -222,6 +222,25 @@ pub async fn round(
             });
         }
     }
+    if let Some(KubeError::Invalid { message, .. }) = &first_error
+        && session.caps.numa_list
+        && message.contains(crate::kube::slices::NUMA_NODE)
+    {
+        // The probe saw the list kept, the write says otherwise (the gate went off meanwhile).
+        session.caps.numa_list = false;
+        tracing::warn!(
+            error = %message,
+            "the API server refused the list form of resource.kubernetes.io/numaNode although \
+             the dry run kept it; publishing its scalar form"
+        );
+        return Ok(Round {
+            plan,
+            summary,
+            content,
+            writes,
+            again: true,
+        });
+    }
     if let Some(e) = first_error {
         return Err(e);
     }

@@ -3,10 +3,70 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{
+    DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::kube::slices::layout::{Body, Existing};
+
+/// How a list of ints (`ints`, an alpha attribute value since Kubernetes 1.36, gate
+/// `DRAListTypeAttributes`) travels inside the resource.k8s.io/v1 types of Kubernetes 1.34 that
+/// nri-accel is built on, which have no such field: as a string `ints:<n>,<n>...`. Only the
+/// standard NUMA node attribute ([`crate::kube::slices::NUMA_NODE`]) is ever carried so; the
+/// API client turns it into `ints` on the wire and back ([`ints_to_wire`], [`ints_from_wire`]).
+pub const INTS_PREFIX: &str = "ints:";
+
+/// A list of ints as the 1.34 types carry it ([`INTS_PREFIX`]).
+pub fn ints(values: &[i64]) -> DeviceAttribute {
+    let list: Vec<String> = values.iter().map(i64::to_string).collect();
+    DeviceAttribute {
+        string: Some(format!("{INTS_PREFIX}{}", list.join(","))),
+        ..DeviceAttribute::default()
+    }
+}
+
+/// The attributes of every device of a ResourceSlice (as JSON) that may carry a list.
+fn list_attributes(slice: &mut serde_json::Value) -> impl Iterator<Item = &mut serde_json::Value> {
+    slice["spec"]["devices"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| {
+            d.get_mut("attributes")?
+                .get_mut(crate::kube::slices::NUMA_NODE)
+        })
+}
+
+/// Turns the carried lists of a ResourceSlice about to be sent into `ints`.
+pub fn ints_to_wire(slice: &mut serde_json::Value) {
+    for a in list_attributes(slice) {
+        let Some(text) = a["string"]
+            .as_str()
+            .and_then(|s| s.strip_prefix(INTS_PREFIX))
+        else {
+            continue;
+        };
+        let values: Vec<i64> = text.split(',').filter_map(|v| v.parse().ok()).collect();
+        *a = serde_json::json!({ "ints": values });
+    }
+}
+
+/// Turns the `ints` of a ResourceSlice the server sent into the carried form.
+pub fn ints_from_wire(slice: &mut serde_json::Value) {
+    for a in list_attributes(slice) {
+        let Some(values) = a["ints"].as_array() else {
+            continue;
+        };
+        let values: Vec<i64> = values
+            .iter()
+            .filter_map(serde_json::Value::as_i64)
+            .collect();
+        if let Ok(carried) = serde_json::to_value(ints(&values)) {
+            *a = carried;
+        }
+    }
+}
 
 /// Label on every slice we write.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "nri-accel");
@@ -161,4 +221,38 @@ pub fn dropped(sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) -> Dropped 
         d.other = true;
     }
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_list_of_ints_travels_as_ints_and_comes_back_as_it_went() {
+        let carried = serde_json::to_value(ints(&[1, 0])).unwrap();
+        let mut slice = json!({"spec": {"devices": [{"name": "d", "attributes": {
+            "resource.kubernetes.io/numaNode": carried.clone(),
+            "accel.nri.io/model": {"string": "ints:1"},
+            "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"},
+        }}]}});
+        let before = slice.clone();
+        ints_to_wire(&mut slice);
+        let attrs = &slice["spec"]["devices"][0]["attributes"];
+        assert_eq!(
+            attrs["resource.kubernetes.io/numaNode"],
+            json!({"ints": [1, 0]})
+        );
+        // Only the standard NUMA node is ever a list.
+        assert_eq!(attrs["accel.nri.io/model"], json!({"string": "ints:1"}));
+        ints_from_wire(&mut slice);
+        assert_eq!(slice, before);
+        // A scalar stays a scalar both ways.
+        let mut scalar = json!({"spec": {"devices": [{"name": "d", "attributes": {
+            "resource.kubernetes.io/numaNode": {"int": 0}}}]}});
+        let kept = scalar.clone();
+        ints_to_wire(&mut scalar);
+        ints_from_wire(&mut scalar);
+        assert_eq!(scalar, kept);
+    }
 }

@@ -15,6 +15,11 @@ use crate::names::{is_dns_label, truncate};
 /// The standard attribute naming a device's PCIe root complex.
 pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 
+/// The standard attribute naming a device's NUMA node (KEP-6072): a list of ints, the device's
+/// own node first, where the API server keeps list values (`DRAListTypeAttributes`), else the
+/// scalar int of its own node.
+pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+
 /// What a published device is, as its `type` attribute says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
@@ -134,6 +139,8 @@ pub struct DeviceFacts<'a> {
     pub pcie_root: Option<&'a str>,
     /// Whether shares may be published as multiple allocations.
     pub multiple_allocations: bool,
+    /// Whether the standard NUMA node is published as a list (else as a scalar).
+    pub numa_list: bool,
 }
 
 /// The DRA device for published name `p` of shape `shape`; `consumes` for partitions and the
@@ -168,6 +175,12 @@ pub fn device(
     }
     if let Some(n) = d.numa_node {
         put("numaNode", int(i64::from(n)));
+        let standard = if facts.numa_list {
+            crate::kube::publisher::wire::ints(&[i64::from(n)])
+        } else {
+            int(i64::from(n))
+        };
+        put(NUMA_NODE, standard);
     }
     if let Some(root) = facts.pcie_root {
         put(PCIE_ROOT, string(root));

@@ -32,8 +32,8 @@ use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use policies::{FamilyConfig, Inventory, PoolConfig, PublishedDevice, PublishedKind};
 use serde::Serialize;
 
-pub use device::PCIE_ROOT;
 use device::{DeviceFacts, Shape};
+pub use device::{NUMA_NODE, PCIE_ROOT};
 
 use crate::names::is_dns_label;
 
@@ -48,6 +48,10 @@ pub struct Capabilities {
     /// A device's `taints` are kept (gate `DRADeviceTaints`: alpha and off by default in
     /// Kubernetes 1.34, GA in 1.37).
     pub taints: bool,
+    /// A list attribute value (`ints`) is kept (gate `DRAListTypeAttributes`): the standard
+    /// `resource.kubernetes.io/numaNode` is published as KEP-6072's list, else as its scalar.
+    #[serde(default)]
+    pub numa_list: bool,
 }
 
 impl Capabilities {
@@ -56,7 +60,13 @@ impl Capabilities {
         partitions: true,
         multiple_allocations: true,
         taints: true,
+        numa_list: true,
     };
+
+    /// How the standard `resource.kubernetes.io/numaNode` is published: `list` or `scalar`.
+    pub fn numa_node_attribute(&self) -> &'static str {
+        if self.numa_list { "list" } else { "scalar" }
+    }
 }
 
 /// Everything the published pool is a function of.
@@ -175,6 +185,7 @@ pub fn build(input: &PoolInput<'_>) -> PoolContent {
             pool,
             pcie_root: input.pcie_roots.get(&d.id).map(String::as_str),
             multiple_allocations: input.caps.multiple_allocations,
+            numa_list: input.caps.numa_list,
         };
         if let Some(bad) = names.iter().find(|p| !is_dns_label(&p.name)) {
             out.withdrawn.push(Withdrawal::BadName {

@@ -181,6 +181,7 @@ fn shared_devices_take_several_claims_one_share_each() {
             partitions: true,
             multiple_allocations: false,
             taints: true,
+            numa_list: true,
         },
         &BTreeSet::new(),
     );
@@ -243,6 +244,7 @@ fn without_counters_partitions_are_withdrawn_and_the_whole_device_stays() {
         partitions: false,
         multiple_allocations: true,
         taints: true,
+        numa_list: true,
     };
     let c = f.build(caps, &BTreeSet::new());
     assert!(c.counter_sets.is_empty());

@@ -16,6 +16,10 @@ pub struct Gates {
     pub consumable_capacity: bool,
     /// `DRADeviceTaints`: `devices[].taints`.
     pub device_taints: bool,
+    /// `DRAListTypeAttributes` (alpha since 1.36): list attribute values, `devices[].attributes[*]`
+    /// `ints`, `bools`, `strings` and `versions`. Off, they are dropped, and the attribute left
+    /// without a value is refused (422), as a real server does.
+    pub list_type_attributes: bool,
 }
 
 impl Gates {
@@ -24,12 +28,14 @@ impl Gates {
         partitionable_devices: true,
         consumable_capacity: true,
         device_taints: true,
+        list_type_attributes: true,
     };
     /// Every DRA gate off (the defaults of Kubernetes 1.34, where all three are alpha).
     pub const NONE: Gates = Gates {
         partitionable_devices: false,
         consumable_capacity: false,
         device_taints: false,
+        list_type_attributes: false,
     };
 }
 
@@ -114,6 +120,30 @@ pub fn drop_disabled_slice_fields(gates: Gates, obj: &mut Value, old: Option<&Va
             d.remove("taints");
         }
     }
+    let lists = |a: &Value| LIST_VALUES.iter().any(|k| !a[*k].is_null());
+    if !gates.list_type_attributes
+        && !old_uses(&|s| {
+            device_uses(s, |d| {
+                d["attributes"]
+                    .as_object()
+                    .is_some_and(|a| a.values().any(lists))
+            })
+        })
+    {
+        for d in devices_mut(spec) {
+            for a in d
+                .get_mut("attributes")
+                .and_then(Value::as_object_mut)
+                .into_iter()
+                .flat_map(|a| a.values_mut())
+                .filter_map(Value::as_object_mut)
+            {
+                for k in LIST_VALUES {
+                    a.remove(k);
+                }
+            }
+        }
+    }
 }
 
 /// What the real server fills in a written slice: a taint's `timeAdded` when absent (this
@@ -135,6 +165,9 @@ pub fn default_slice_fields(obj: &mut Value) {
         }
     }
 }
+
+/// The list values of an attribute (gate `DRAListTypeAttributes`).
+pub const LIST_VALUES: [&str; 4] = ["ints", "bools", "strings", "versions"];
 
 #[cfg(test)]
 mod tests {

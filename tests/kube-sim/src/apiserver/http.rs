@@ -143,6 +143,7 @@ fn watch(shared: Arc<Shared>, req: &Request<Incoming>) -> Result<Response<Body>,
         resource,
         namespace,
         name,
+        ..
     } = routes::parse(req.uri().path())?;
     if name.is_some() || *req.method() != Method::GET {
         return Err(ApiError::MethodNotAllowed);
@@ -262,8 +263,15 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<(u16, Value), 
         resource,
         namespace,
         name,
+        subresource,
     } = routes::parse(req.uri().path())?;
     let q = query(&req);
+    let content_type = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
     let dry_run = q.get("dryRun").is_some_and(|d| d == "All");
     let method = req.method().clone();
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
@@ -282,6 +290,36 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<(u16, Value), 
         .store
         .lock()
         .map_err(|_| ApiError::BadRequest("the store is poisoned".into()))?;
+    if let Some(sub) = subresource {
+        let Some(name) = name else {
+            return Err(ApiError::NoRoute);
+        };
+        return match method {
+            Method::GET => store.get(resource, &ns, &name).map(|v| (200, v)),
+            Method::PATCH
+                if sub == "status"
+                    && std::ptr::eq(resource, &super::resources::RESOURCE_CLAIMS) =>
+            {
+                if !content_type.starts_with("application/apply-patch") {
+                    return Err(ApiError::BadRequest(format!(
+                        "this server takes only a server-side apply on a claim's status, not {content_type:?}"
+                    )));
+                }
+                let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) else {
+                    return Err(ApiError::Invalid {
+                        resource,
+                        name,
+                        field: "fieldManager".into(),
+                        why: "Required value: is required for apply patch".into(),
+                    });
+                };
+                store
+                    .apply_claim_status(&ns, &name, manager, &json()?)
+                    .map(|v| (200, v))
+            }
+            _ => Err(ApiError::MethodNotAllowed),
+        };
+    }
     match (method, name) {
         (Method::GET, Some(name)) => store.get(resource, &ns, &name).map(|v| (200, v)),
         (Method::GET, None) => {

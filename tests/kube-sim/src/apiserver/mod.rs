@@ -4,7 +4,8 @@
 //! Served: `resource.k8s.io/v1` ResourceSlices (list with `labelSelector` and `fieldSelector`,
 //! watch with the same selectors from a list's `resourceVersion`, get, create with
 //! `generateName` and `dryRun=All`, replace, delete with preconditions, deletecollection),
-//! ResourceClaims and DeviceClasses (the same verbs), and core/v1 Nodes. Objects are stored as
+//! ResourceClaims and DeviceClasses (the same verbs; a server-side apply of a claim's
+//! `status.devices` on its `status` subresource), and core/v1 Nodes. Objects are stored as
 //! JSON, independently of the plugin's types. Like a real server it:
 //!
 //! - gives every write a new `resourceVersion` and answers `409 Conflict` to a replace carrying a
@@ -27,6 +28,7 @@
 //! test seeds an allocated claim in one call), there is no authentication (any bearer token is
 //! accepted), and a watch gets no bookmarks.
 
+mod claim_status;
 mod events;
 mod faults;
 mod gates;

@@ -12,6 +12,8 @@ pub struct Route {
     pub namespace: Option<String>,
     /// The object name, if the path names one.
     pub name: Option<String>,
+    /// The subresource after the name (`status`), if any.
+    pub subresource: Option<String>,
 }
 
 /// Parses `/api/v1/...` or `/apis/<group>/<version>/...`.
@@ -22,11 +24,15 @@ pub fn parse(path: &str) -> Result<Route, ApiError> {
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return Err(ApiError::NoRoute),
     };
-    let (namespace, plural, name) = match rest {
-        ["namespaces", ns, plural] => (Some(*ns), *plural, None),
-        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
-        [plural] => (None, *plural, None),
-        [plural, name] => (None, *plural, Some(*name)),
+    let (namespace, plural, name, subresource) = match rest {
+        ["namespaces", ns, plural] => (Some(*ns), *plural, None, None),
+        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name), None),
+        ["namespaces", ns, plural, name, "status"] => {
+            (Some(*ns), *plural, Some(*name), Some("status"))
+        }
+        [plural] => (None, *plural, None, None),
+        [plural, name] => (None, *plural, Some(*name), None),
+        [plural, name, "status"] => (None, *plural, Some(*name), Some("status")),
         _ => return Err(ApiError::NoRoute),
     };
     let resource = ALL
@@ -44,6 +50,7 @@ pub fn parse(path: &str) -> Result<Route, ApiError> {
         resource,
         namespace: namespace.map(str::to_string),
         name: name.map(str::to_string),
+        subresource: subresource.map(str::to_string),
     })
 }
 
@@ -62,5 +69,8 @@ mod tests {
         assert!(parse("/api/v1/namespaces/x/nodes/n1").is_err());
         assert!(parse("/apis/resource.k8s.io/v1/resourceclaims/c").is_err());
         assert!(parse("/apis/resource.k8s.io/v1beta1/resourceslices").is_err());
+        let r = parse("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status").unwrap();
+        assert_eq!(r.subresource.as_deref(), Some("status"));
+        assert!(parse("/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/x").is_err());
     }
 }

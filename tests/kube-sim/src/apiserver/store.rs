@@ -4,9 +4,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use super::claim_status;
 use super::events::{Event, Events};
 use super::gates::{Gates, default_slice_fields, drop_disabled_slice_fields};
-use super::resources::{RESOURCE_SLICES, Resource};
+use super::resources::{RESOURCE_CLAIMS, RESOURCE_SLICES, Resource};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::validate;
@@ -45,6 +46,8 @@ pub struct Store {
     pub gates: Gates,
     /// Every change, for watches.
     pub events: Events,
+    /// The `status.devices` entries each field manager applied, per claim.
+    applied: BTreeMap<(Key, String), std::collections::BTreeSet<claim_status::DeviceKey>>,
 }
 
 const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -325,6 +328,74 @@ impl Store {
         }
         if dry_run {
             return Ok(obj);
+        }
+        obj["metadata"]["resourceVersion"] = json!(self.next_rv());
+        self.objects.insert(key.clone(), obj.clone());
+        self.record(resource.plural, "MODIFIED", &obj);
+        self.writes.entry(key).or_default().updates += 1;
+        Ok(obj)
+    }
+
+    /// PATCH of a ResourceClaim's `status` subresource with a server-side apply by `manager`:
+    /// only `status.devices` is applied (docs of [`claim_status`]). A `metadata.uid` in the body
+    /// must be the stored one (409 otherwise); an apply that changes nothing stores nothing.
+    pub fn apply_claim_status(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        manager: &str,
+        body: &Value,
+    ) -> Result<Value, ApiError> {
+        let resource = &RESOURCE_CLAIMS;
+        Self::type_meta(resource, body)?;
+        let key = (resource.plural, namespace.to_string(), name.to_string());
+        let Some(old) = self.objects.get(&key).cloned() else {
+            return Err(ApiError::NotFound {
+                resource,
+                name: name.to_string(),
+            });
+        };
+        if let Some(uid) = meta(body, "uid")
+            && Some(&uid) != meta(&old, "uid").as_ref()
+        {
+            return Err(ApiError::Conflict {
+                resource,
+                name: name.to_string(),
+                why: format!(
+                    "uid mismatch: the provided object specified uid {uid}, and the existing object has uid {}",
+                    meta(&old, "uid").unwrap_or_default()
+                ),
+            });
+        }
+        let entries: Vec<Value> = body["status"]["devices"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        claim_status::validate(&old, &entries).map_err(|(field, why)| ApiError::Invalid {
+            resource,
+            name: name.to_string(),
+            field,
+            why,
+        })?;
+        let owner = (key.clone(), manager.to_string());
+        let owned = self.applied.get(&owner).cloned().unwrap_or_default();
+        let current = old["status"]["devices"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let merged = claim_status::merge(&current, &owned, &entries);
+        self.applied
+            .insert(owner, entries.iter().map(claim_status::key).collect());
+        if merged == current {
+            return Ok(old);
+        }
+        let mut obj = old;
+        if merged.is_empty() {
+            if let Some(status) = obj["status"].as_object_mut() {
+                status.remove("devices");
+            }
+        } else {
+            obj["status"]["devices"] = Value::Array(merged);
         }
         obj["metadata"]["resourceVersion"] = json!(self.next_rv());
         self.objects.insert(key.clone(), obj.clone());

@@ -251,9 +251,23 @@ pub fn resource_slice(spec: &Value) -> Result<(), Violation> {
             check(is_qualified(k), fa.clone(), "not a qualified name")?;
             let kinds = ["int", "bool", "string", "version"]
                 .iter()
+                .chain(super::gates::LIST_VALUES.iter())
                 .filter(|t| !v[**t].is_null())
                 .count();
-            check(kinds == 1, fa.clone(), "exactly one value must be set")?;
+            check(
+                kinds == 1,
+                fa.clone(),
+                "exactly one value must be specified",
+            )?;
+            for t in super::gates::LIST_VALUES {
+                if let Some(list) = v[t].as_array() {
+                    check(
+                        !list.is_empty(),
+                        format!("{fa}.{t}"),
+                        "must not be empty if specified",
+                    )?;
+                }
+            }
             for t in ["string", "version"] {
                 if let Some(s) = v[t].as_str() {
                     check(
