@@ -6,7 +6,7 @@ mod engine_common;
 use std::sync::Arc;
 
 use engine_common::*;
-use nri_accel::engine::{CrashPoint, EngineError, HookAction};
+use nri_accel::engine::{CrashPoint, DevicePluginOrigin, EngineError, HookAction, Origin};
 
 #[tokio::test]
 async fn prepare_writes_record_and_spec_and_repeats_idempotently() {
@@ -456,7 +456,18 @@ async fn only_claims_no_scheduler_allocated_are_unscheduled_before_and_after_a_r
         .await
         .unwrap();
     engine.prepare(claim_count("count-claim", 1)).await.unwrap();
-    assert_eq!(unscheduled(&engine), vec!["count-claim"]);
+    // A device plugin's claim is the kubelet's, not a scheduler's, whatever its ask.
+    let device_plugin = Origin::DevicePlugin(Box::new(DevicePluginOrigin {
+        resource: "accel.nri.io/whole".into(),
+        device_ids: vec!["gpu2".into()],
+        allocated_at: 0,
+        user: None,
+    }));
+    engine
+        .prepare_as(claim_for("dp-claim", "gpu2"), device_plugin)
+        .await
+        .unwrap();
+    assert_eq!(unscheduled(&engine), vec!["count-claim", "dp-claim"]);
     drop(engine);
     let records = std::fs::read_dir(&d.state)
         .unwrap()
@@ -465,8 +476,9 @@ async fn only_claims_no_scheduler_allocated_are_unscheduled_before_and_after_a_r
     assert!(!records.contains(r#""kind":"dra""#), "{records}");
 
     let engine = open(&d);
-    assert_eq!(unscheduled(&engine), vec!["count-claim"]);
+    assert_eq!(unscheduled(&engine), vec!["count-claim", "dp-claim"]);
     engine.unprepare("count-claim").await.unwrap();
+    engine.unprepare("dp-claim").await.unwrap();
     assert!(unscheduled(&engine).is_empty());
     engine.unprepare("dra-claim").await.unwrap();
     engine
