@@ -4,21 +4,12 @@
 //! both prepared: the second is refused naming the first, and is prepared once the first is
 //! unprepared.
 
+mod claims_common;
 mod engine_common;
 
-use std::sync::Arc;
-use std::time::Duration;
-
+use claims_common::*;
 use engine_common::*;
-use nri_accel::claims_api::{
-    ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, ClaimsServer, DraResult, ServerOptions,
-};
-use nri_accel::daemon::{Agent, AgentSettings, ClaimsFacade};
-use nri_accel::gate::Gate;
-use nri_accel::metrics::Metrics;
-
-/// Guards against a hang only; no assertion depends on how long anything takes.
-const HANG_GUARD: Duration = Duration::from_secs(60);
+use nri_accel::claims_api::{ClaimAsk, ClaimRef, ClaimSpec, DraResult};
 
 fn spec(uid: &str, driver: &str, device: &str) -> ClaimSpec {
     ClaimSpec {
@@ -46,27 +37,9 @@ fn claim_ref(uid: &str) -> ClaimRef {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_third_party_drivers_results_are_prepared_and_arbitrated_with_the_own_drivers() {
-    let d = dirs();
-    let (engine, _) = open_with(&d, 2, 0, None).unwrap();
-    let agent = Arc::new(Agent::new(
-        Arc::new(engine),
-        AgentSettings {
-            cdi_kind: "accel.nri.io/device".into(),
-            annotation_prefix: "accel.nri.io".into(),
-        },
-    ));
-    drop(agent.sync_started());
-    let gate = Gate::new();
-    gate.open();
-    let facade = ClaimsFacade::new(agent.clone(), Arc::new(Metrics::new())).with_gate(gate.clone());
-    let path = d.state.join("claims.sock");
-    let _server = ClaimsServer::bind(&path, Arc::new(facade), gate, ServerOptions::default())
-        .await
-        .unwrap();
-    let client = ClaimsClient::connect(&path)
-        .await
-        .unwrap()
-        .with_timeout(HANG_GUARD);
+    let ClaimsNode {
+        d, client, _server, ..
+    } = serve(2).await;
 
     // A third-party driver's claim is prepared like the own driver's.
     let first = client

@@ -3,58 +3,13 @@
 //! namespace or name is refused for that claim and changes nothing; the same names, a release by
 //! UID alone and records that name no one (older checkpoints, adopted claims) still work.
 
+mod claims_common;
 mod engine_common;
 
-use std::sync::Arc;
-use std::time::Duration;
-
+use claims_common::*;
 use engine_common::*;
-use nri_accel::claims_api::{
-    ClaimAsk, ClaimRef, ClaimSpec, ClaimsClient, ClaimsServer, DraResult, ServerOptions,
-};
-use nri_accel::daemon::{Agent, AgentSettings, ClaimsFacade};
-use nri_accel::gate::Gate;
-use nri_accel::metrics::Metrics;
-
-/// Guards against a hang only; no assertion depends on how long anything takes.
-const HANG_GUARD: Duration = Duration::from_secs(60);
-
-struct Fixture {
-    d: Dirs,
-    agent: Arc<Agent>,
-    client: ClaimsClient,
-    _server: ClaimsServer,
-}
-
-async fn start() -> Fixture {
-    let d = dirs();
-    let (engine, _) = open_with(&d, 4, 0, None).unwrap();
-    let agent = Arc::new(Agent::new(
-        Arc::new(engine),
-        AgentSettings {
-            cdi_kind: "accel.nri.io/device".into(),
-            annotation_prefix: "accel.nri.io".into(),
-        },
-    ));
-    drop(agent.sync_started());
-    let gate = Gate::new();
-    gate.open();
-    let facade = ClaimsFacade::new(agent.clone(), Arc::new(Metrics::new())).with_gate(gate.clone());
-    let path = d.state.join("claims.sock");
-    let server = ClaimsServer::bind(&path, Arc::new(facade), gate, ServerOptions::default())
-        .await
-        .unwrap();
-    let client = ClaimsClient::connect(&path)
-        .await
-        .unwrap()
-        .with_timeout(HANG_GUARD);
-    Fixture {
-        d,
-        agent,
-        client,
-        _server: server,
-    }
-}
+use nri_accel::claims_api::{ClaimAsk, ClaimRef, ClaimSpec, DraResult};
+use nri_accel::daemon::Agent;
 
 fn spec(uid: &str, namespace: &str, name: &str, device: &str) -> ClaimSpec {
     ClaimSpec {
@@ -96,7 +51,7 @@ fn x_as_a_n1() -> Vec<(String, String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_uid_under_another_namespace_or_name_is_refused_and_changes_nothing() {
-    let f = start().await;
+    let f = serve(4).await;
     let first = f
         .client
         .prepare(vec![spec("x", "a", "n1", "gpu0")])
@@ -165,7 +120,7 @@ async fn a_held_uid_under_another_namespace_or_name_is_refused_and_changes_nothi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unprepare_by_uid_alone_releases_and_a_record_naming_no_one_matches_any_names() {
-    let f = start().await;
+    let f = serve(4).await;
     f.client
         .prepare(vec![spec("x", "a", "n1", "gpu0")])
         .await
