@@ -57,6 +57,7 @@ impl Default for Config {
                 select: Default::default(),
                 family: FamilyConfig::Exclusive,
                 cpus_per_device: 0,
+                passthrough: false,
                 unhealthy: Default::default(),
             }],
             reconcile_interval_secs: 300,

@@ -161,6 +161,7 @@ mod tests {
             compute_units: 0,
             driver: None,
             nodes: vec![],
+            vfio: None,
             control_nodes: vec![],
         }
     }
