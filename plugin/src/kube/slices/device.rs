@@ -164,6 +164,9 @@ pub fn device(
     if let Some(driver) = &d.driver {
         put("driver", string(driver));
     }
+    if let Some(g) = &d.vfio {
+        put("iommuGroup", int(i64::from(g.group)));
+    }
     put("family", string(facts.pool.family.kind().name()));
     put("pool", string(&p.pool));
     put("deviceId", string(&d.id));
@@ -296,5 +299,37 @@ mod tests {
         assert_eq!(c.len(), 2);
         assert_eq!(c[0].counters.len(), 2);
         assert!(c[1].counters.contains_key("s33"));
+    }
+
+    fn facts<'a>(d: &'a Inventoried, pool: &'a PoolConfig) -> DeviceFacts<'a> {
+        DeviceFacts {
+            device: d,
+            pool,
+            pcie_root: None,
+            multiple_allocations: false,
+            numa_list: false,
+        }
+    }
+
+    #[test]
+    fn a_passthrough_device_names_its_iommu_group() {
+        let mut d = crate::fixtures::simulated_gpu(0, 0, Default::default(), "0000:65:00.0".into());
+        let mut pool = PoolConfig::of_ids("vm-gpus", &[], FamilyConfig::Exclusive);
+        pool.passthrough = true;
+        let p = PublishedDevice {
+            pool: "vm-gpus".into(),
+            name: "vm-gpus-0000-65-00-0".into(),
+            device_id: d.id.clone(),
+            kind: policies::PublishedKind::Whole,
+            unit: None,
+        };
+        let host = device(&p, Shape::Whole, &facts(&d, &pool), None);
+        assert!(!host.attributes.unwrap().contains_key("iommuGroup"));
+        d.vfio = Some(policies::VfioGroup {
+            group: 34,
+            functions: vec!["0000:65:00.0".into(), "0000:65:00.1".into()],
+        });
+        let vm = device(&p, Shape::Whole, &facts(&d, &pool), None);
+        assert_eq!(vm.attributes.unwrap()["iommuGroup"].int, Some(34));
     }
 }
