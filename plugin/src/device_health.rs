@@ -155,7 +155,7 @@ fn judge(
     rescan: Option<&Inventory>,
     host: &dyn HostFs,
 ) -> DeviceHealth {
-    if let Some(group) = &d.vfio {
+    if let (Some(group), Some(_)) = (&d.vfio, rescan) {
         if let Some(sick) = judge_group(d, group, host) {
             return sick;
         }
