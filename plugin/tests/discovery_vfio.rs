@@ -214,15 +214,21 @@ fn a_grant_carries_the_whole_group_and_a_second_holder_is_refused() {
             shares: None,
         }]),
     };
-    node.allocate(&count("vm-c")).unwrap();
+    // While a pool of host devices matches, a count ask takes from it only: the host GPU,
+    // then nothing, never a group.
+    node.allocate(&count("c-1")).unwrap();
+    let c = node.edits("c-1").unwrap();
+    assert_eq!(c[0].device_nodes[0].path, "/dev/nvidia0", "{c:?}");
+    let refused = node.allocate(&count("c-2")).unwrap_err().to_string();
+    assert!(refused.contains("c-1"), "{refused}");
+    // A selector only groups match (their PCI id) takes the other group, whole.
+    let mut by_id = count("vm-c");
+    if let Ask::Count(r) = &mut by_id.ask {
+        r[0].selector.pci_id = Some("10de:2331".into());
+    }
+    node.allocate(&by_id).unwrap();
     let c = node.edits("vm-c").unwrap();
-    assert!(
-        c[0].device_nodes.iter().any(|n| n.path == "/dev/vfio/21")
-            || c[0].device_nodes.iter().any(|n| n.path == "/dev/nvidia0"),
-        "{c:?}"
-    );
-    node.allocate(&count("vm-d")).unwrap();
-    assert!(node.allocate(&count("vm-e")).is_err());
+    assert_eq!(c[0].device_nodes[0].path, "/dev/vfio/21", "{c:?}");
 }
 
 #[test]

@@ -376,7 +376,7 @@ impl Node {
         if selector.vendor.is_none() {
             selector.vendor = first.map(|d| d.vendor.clone());
         }
-        let matching: Vec<usize> = (0..self.pools.len())
+        let mut matching: Vec<usize> = (0..self.pools.len())
             .filter(|&p| {
                 self.pools[p]
                     .policy
@@ -385,6 +385,11 @@ impl Node {
                     .any(|d| selector.matches(d))
             })
             .collect();
+        // A VFIO group is for a VM: a count ask takes one only when no pool of host devices
+        // matches it (the asker selected groups, or the node has nothing else).
+        if matching.iter().any(|&p| !self.pools[p].config.passthrough) {
+            matching.retain(|&p| !self.pools[p].config.passthrough);
+        }
         let fitting: Vec<usize> = matching
             .iter()
             .copied()

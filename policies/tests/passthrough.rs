@@ -36,6 +36,7 @@ fn group(g: u32, bus: u8, functions: u8) -> Device {
     }
     let mut d = gpu(&fns[0], "nvidia", u32::from(bus % 2), "0-3", bus, 0);
     d.driver = Some("vfio-pci".into());
+    d.model = "A10".into();
     d.nodes = nodes;
     d.control_nodes = vec![node("/dev/vfio/vfio".into(), 10, 196)];
     d.vfio = Some(VfioGroup {
@@ -107,7 +108,12 @@ proptest! {
                             request: "gpu".into(),
                             count,
                             family: Some(FamilyKind::Exclusive),
-                            selector: DeviceSelector::default(),
+                            // Only groups have this model: a count ask takes a group only when
+                            // no pool of host devices matches.
+                            selector: DeviceSelector {
+                                model: Some("A10".into()),
+                                ..DeviceSelector::default()
+                            },
                             profile: None,
                             shares: None,
                         }]),
