@@ -138,6 +138,7 @@ fn two_gpu_node() -> Capacity {
                 compute_units: 0,
                 driver: None,
                 nodes: Vec::new(),
+                vfio: None,
                 control_nodes: Vec::new(),
             },
             pool: "gpus".into(),

@@ -57,6 +57,7 @@ fn node_with(n: usize, pool: &str, family: &str) -> Vec<Published> {
                 compute_units: 0,
                 driver: None,
                 nodes: Vec::new(),
+                vfio: None,
                 control_nodes: Vec::new(),
             },
             pool: pool.into(),

@@ -78,6 +78,7 @@ pub fn nodes_of(slices: &[ResourceSlice]) -> Nodes {
                     compute_units: 0,
                     driver: text("driver"),
                     nodes: Vec::new(),
+                    vfio: None,
                     control_nodes: Vec::new(),
                 },
                 pool,
