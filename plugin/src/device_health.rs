@@ -322,6 +322,7 @@ mod tests {
                 permissions: "rw".into(),
             }],
             control_nodes: vec![],
+            uuid: None,
         }
     }
 

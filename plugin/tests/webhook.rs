@@ -139,6 +139,7 @@ fn two_gpu_node() -> Capacity {
                 driver: None,
                 nodes: Vec::new(),
                 control_nodes: Vec::new(),
+                uuid: None,
             },
             pool: "gpus".into(),
             family: "exclusive".into(),

@@ -58,6 +58,7 @@ impl Default for Config {
                 family: FamilyConfig::Exclusive,
                 cpus_per_device: 0,
                 unhealthy: Default::default(),
+                vendor_cdi: Default::default(),
             }],
             reconcile_interval_secs: 300,
             annotations: AnnotationsConfig::default(),
@@ -168,6 +169,10 @@ pub struct CdiConfig {
     pub class: String,
     /// Spec file format.
     pub format: SpecFormat,
+    /// Directories of the vendors' own CDI specs, read for pools with `vendor_cdi` on
+    /// (docs/gpus.md). nri-accel's own specs (kind `<vendor>/<class>`) are never read as
+    /// vendor specs.
+    pub vendor_spec_dirs: Vec<PathBuf>,
 }
 
 impl Default for CdiConfig {
@@ -177,6 +182,7 @@ impl Default for CdiConfig {
             vendor: "accel.nri.io".to_string(),
             class: "device".to_string(),
             format: SpecFormat::Yaml,
+            vendor_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
         }
     }
 }

@@ -172,6 +172,49 @@ pub fn store_config(cdi: &CdiConfig) -> cdi::StoreConfig {
     }
 }
 
+/// Composes grants with the vendors' CDI specs when a pool asks for it (docs/gpus.md): the
+/// engine records each grant's vendor devices, the annotation path merges their edits, and
+/// `status` tells what each composing pool's devices get.
+fn wire_vendor_cdi(
+    config: &Config,
+    engine: &Arc<Engine>,
+    agent: &Arc<Agent>,
+    inventory: &policies::Inventory,
+) {
+    let specs = Arc::new(crate::vendor::VendorSpecs::new(
+        config.cdi.vendor_spec_dirs.clone(),
+        format!("{}/{}", config.cdi.vendor, config.cdi.class),
+        format!("{}-{}_", config.cdi.vendor, config.cdi.class),
+    ));
+    let Some(composer) = crate::vendor::VendorComposer::new(specs, inventory, &config.pools) else {
+        return;
+    };
+    let composer = Arc::new(composer);
+    engine.set_composer(composer.clone());
+    agent.set_vendor(
+        composer.clone(),
+        inventory.clone(),
+        config.discovery.root.clone(),
+    );
+    let pools_of: std::collections::BTreeMap<String, String> = config
+        .pools
+        .iter()
+        .filter(|p| !p.vendor_cdi.is_off())
+        .flat_map(|p| {
+            engine
+                .with_node(|n| n.pool_devices(&p.name).map(|d| d.to_vec()))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| (d.id, p.name.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    agent.add_status_section(
+        "vendor_cdi",
+        Box::new(move || crate::vendor::status(&composer, &pools_of)),
+    );
+}
+
 /// The checkpoint directory under the state dir.
 pub fn checkpoint_dir(config: &Config) -> PathBuf {
     config.state_dir.join(CHECKPOINT_DIR)
@@ -223,6 +266,8 @@ impl Daemon {
                 annotation_prefix: config.annotations.prefix.clone(),
             },
         ));
+
+        wire_vendor_cdi(config, &engine, &agent, &inventory);
 
         // Publishing never waits for the API server; only bad credentials stop the start.
         let kube = if config.dra.enabled {

@@ -57,6 +57,7 @@ fn node_with(n: usize, pool: &str, family: &str) -> Vec<Published> {
                 driver: None,
                 nodes: Vec::new(),
                 control_nodes: Vec::new(),
+                uuid: None,
             },
             pool: pool.into(),
             family: family.into(),

@@ -77,6 +77,7 @@ pub fn nodes_of(slices: &[ResourceSlice]) -> Nodes {
                     driver: text("driver"),
                     nodes: Vec::new(),
                     control_nodes: Vec::new(),
+                    uuid: None,
                 },
                 pool,
                 family,

@@ -162,6 +162,7 @@ mod tests {
             driver: None,
             nodes: vec![],
             control_nodes: vec![],
+            uuid: None,
         }
     }
 
