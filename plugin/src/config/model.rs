@@ -346,6 +346,17 @@ impl Default for DraConfig {
     }
 }
 
+/// What device plugin device IDs are built from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceIds {
+    /// The inventory id.
+    #[default]
+    Id,
+    /// The device's UUID where discovery found one (NVIDIA GPUs), else the inventory id.
+    Uuid,
+}
+
 /// The kubelet's device plugin API: one device plugin per pool, so that the scheduler counts a
 /// node's free accelerators without DRA (docs/device-plugin.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -367,6 +378,10 @@ pub struct DevicePluginConfig {
     /// Also answer Allocate with device nodes, env and mounts, for runtimes without CDI (CDI
     /// device names are always answered).
     pub device_nodes: bool,
+    /// What the kubelet device IDs are built from: the inventory id (`gpu0`, `0000:18:00.0`), or
+    /// the device's UUID where it has one (`GPU-...`, as NVIDIA's device plugin can), so that a
+    /// pod's ID names the physical GPU across nodes and reboots (docs/device-plugin.md).
+    pub device_ids: DeviceIds,
     /// Seconds an allocation that no container has used yet keeps its devices when the kubelet
     /// hands them to another container; after that it is released first.
     pub unused_grace_secs: u64,
@@ -386,6 +401,7 @@ impl Default for DevicePluginConfig {
             pools: Vec::new(),
             slice_layouts: BTreeMap::new(),
             device_nodes: false,
+            device_ids: DeviceIds::Id,
             unused_grace_secs: 60,
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
