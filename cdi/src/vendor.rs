@@ -144,9 +144,9 @@ impl VendorSpec {
             });
         }
         let spec: VendorSpec = if path.extension().is_some_and(|e| e == "json") {
-            serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?
+            serde_json::from_slice(bytes).map_err(|e| bad(first_line(&e.to_string())))?
         } else {
-            serde_saphyr::from_slice(bytes).map_err(|e| bad(e.to_string()))?
+            serde_saphyr::from_slice(bytes).map_err(|e| bad(first_line(&e.to_string())))?
         };
         spec.check().map_err(bad)?;
         Ok(spec)
@@ -187,6 +187,15 @@ impl VendorSpec {
         }
         check_edits(&self.container_edits, "containerEdits", false)
     }
+}
+
+/// The parser's message without the source snippet it draws below (one sentence per error).
+fn first_line(message: &str) -> String {
+    let line = message.lines().next().unwrap_or_default();
+    line.strip_prefix("error: ")
+        .unwrap_or(line)
+        .trim()
+        .to_string()
 }
 
 fn check_edits(e: &VendorEdits, label: &str, device: bool) -> Result<(), String> {

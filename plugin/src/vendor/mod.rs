@@ -229,3 +229,6 @@ impl crate::engine::Composer for VendorComposer {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests;
