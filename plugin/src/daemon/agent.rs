@@ -59,7 +59,7 @@ pub struct AgentSettings {
 /// What the annotation path needs to merge vendor CDI devices into an adjustment.
 struct VendorMerge {
     composer: Arc<crate::vendor::VendorComposer>,
-    inventory: policies::Inventory,
+    inventory: Arc<policies::Inventory>,
     root: std::path::PathBuf,
 }
 
@@ -179,7 +179,7 @@ impl Agent {
     ) {
         let _ = self.vendor.set(VendorMerge {
             composer,
-            inventory,
+            inventory: Arc::new(inventory),
             root,
         });
     }
@@ -654,9 +654,19 @@ impl Agent {
         let Some(v) = self.vendor.get().filter(|_| !names.is_empty()) else {
             return Ok(None);
         };
-        let merged = v.composer.specs().current().and_then(|cat| {
-            crate::vendor::merge_for_container(&cat, &names, &v.inventory, &v.root)
-        });
+        // Reads the vendor spec files when they changed and stats device nodes: off the runtime.
+        let (specs, inventory, root) = (
+            v.composer.specs().clone(),
+            v.inventory.clone(),
+            v.root.clone(),
+        );
+        let merged = tokio::task::spawn_blocking(move || {
+            specs
+                .current()
+                .and_then(|cat| crate::vendor::merge_for_container(&cat, &names, &inventory, &root))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("merging the vendor CDI edits failed: {e}")));
         match merged {
             Ok(m) => Ok(Some(m)),
             Err(why) => {

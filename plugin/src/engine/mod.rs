@@ -558,24 +558,34 @@ impl Engine {
             st.seq += 1;
             (outcome, st.seq)
         };
-        let vendor = match (outcome.already, self.composer.get()) {
-            (false, Some(c)) if cdi => match c.compose(&outcome.allocation) {
-                Ok(names) => names,
-                Err(reason) => {
-                    // Nothing durable changed: bring memory back to the committed state.
-                    let mut st = self.state();
-                    st.node.release(uid);
-                    if st.node.allocation(uid).is_none() {
-                        st.forget(uid);
-                    }
-                    return Err(EngineError::Vendor {
-                        claim: uid.to_string(),
-                        reason,
-                        then: Then::NotGranted,
-                    });
+        let composing = match (outcome.already, self.composer.get()) {
+            (false, Some(c)) if cdi => {
+                // Reads the vendor spec files when they changed: file work off the runtime.
+                let (c, a) = (c.clone(), outcome.allocation.clone());
+                Some(blocking(uid, move || c.compose(&a)).await)
+            }
+            _ => None,
+        };
+        let composed = composing.map(|answer| match answer {
+            Ok(r) => r.map_err(|reason| EngineError::Vendor {
+                claim: uid.to_string(),
+                reason,
+                then: Then::NotGranted,
+            }),
+            Err(e) => Err(self.crash_or(e)),
+        });
+        let vendor = match composed {
+            None => Vec::new(),
+            Some(Ok(names)) => names,
+            Some(Err(e)) => {
+                // Nothing durable changed: bring memory back to the committed state.
+                let mut st = self.state();
+                st.node.release(uid);
+                if st.node.allocation(uid).is_none() {
+                    st.forget(uid);
                 }
-            },
-            _ => Vec::new(),
+                return Err(e);
+            }
         };
         if !outcome.already {
             self.note_claims_changed();
