@@ -54,8 +54,11 @@ pub struct VendorSpecs {
     dirs: Vec<PathBuf>,
     own_kind: String,
     own_prefix: String,
-    cached: Mutex<Option<(Signature, Result<Arc<Catalog>, String>)>>,
+    cached: Mutex<Option<(Signature, Read)>>,
 }
+
+/// What a read of the spec dirs gave: the catalog, or the sentence naming the unusable file.
+type Read = Result<Arc<Catalog>, String>;
 
 impl VendorSpecs {
     /// Reads `dirs` on demand; files named `<own_prefix>*` and specs of kind `own_kind` are
@@ -76,7 +79,7 @@ impl VendorSpecs {
 
     /// The catalog as the files are now (read again only when a file changed), or the one
     /// sentence naming the file that cannot be used.
-    pub fn current(&self) -> Result<Arc<Catalog>, String> {
+    pub fn current(&self) -> Read {
         let sig = signature(&self.dirs, &self.own_prefix);
         let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((s, c)) = cached.as_ref()
