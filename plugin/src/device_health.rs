@@ -38,8 +38,9 @@ impl DeviceHealth {
     }
 
     /// Why it is unhealthy as a label value (a taint's value, docs/dra.md "Device health"):
-    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, or
-    /// `unhealthy` for a reason this module did not word; empty when healthy.
+    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, `vendor-cdi`
+    /// (the daemon's vendor CDI check, docs/gpus.md), or `unhealthy` for a reason this module
+    /// did not word; empty when healthy.
     pub fn cause(&self) -> &'static str {
         let r = self.reason.as_str();
         match () {
@@ -411,6 +412,18 @@ mod tests {
         assert_eq!(h["a"].cause(), "device-node-gone");
         assert!(h["b"].healthy);
         assert_eq!(h["b"].cause(), "");
+
+        // The daemon's extra check (vendor CDI) judges what this module finds healthy only.
+        let extra: ExtraCheck = Arc::new(|d: &Device| {
+            Some(format!(
+                "device {} of pool p is described by no vendor CDI spec in /etc/cdi",
+                d.id
+            ))
+        });
+        let h = assess(&inv, &base, Some(&inv), &host, Some(&extra));
+        assert_eq!(h["a"].cause(), "device-node-gone");
+        assert_eq!(h["b"].cause(), "vendor-cdi");
+        assert!(h["b"].reason.contains("/etc/cdi"), "{h:?}");
     }
 
     #[test]
