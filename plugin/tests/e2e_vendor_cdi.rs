@@ -253,6 +253,13 @@ async fn annotation_path_merges_the_vendor_edits_into_its_adjustment() {
         )),
         "{env:?}"
     );
+    let recorded = env
+        .iter()
+        .find(|(k, _)| k == "NRI_ACCEL_VENDOR_CDI_DEVICES");
+    assert!(
+        recorded.is_some_and(|(_, v)| v.starts_with("nvidia.com/gpu=GPU-")),
+        "{env:?}"
+    );
 
     // The spec the annotation path wrote records the vendor device and parses.
     let own: Vec<PathBuf> = std::fs::read_dir(&node.cdi_dir)

@@ -668,7 +668,18 @@ impl Agent {
         .await
         .unwrap_or_else(|e| Err(format!("merging the vendor CDI edits failed: {e}")));
         match merged {
-            Ok(m) => Ok(Some(m)),
+            Ok(mut m) => {
+                // As the claim's spec records it, for the container to see on every door.
+                let all: Vec<Option<String>> = prepared
+                    .devices
+                    .iter()
+                    .map(|d| d.vendor_cdi_id.clone())
+                    .collect();
+                if let Some(v) = crate::vendor::env_value(&all) {
+                    m.env.push((crate::vendor::VENDOR_ENV.to_string(), v));
+                }
+                Ok(Some(m))
+            }
             Err(why) => {
                 if let Err(e) = self.engine.unprepare(uid).await {
                     tracing::error!(claim = %uid, error = %e, "releasing the grant of a container whose vendor CDI devices cannot be merged");

@@ -591,7 +591,9 @@ impl Engine {
             self.note_claims_changed();
         }
         if outcome.already {
-            let prepared = self.grant(uid, &outcome.allocation, None, vendor).await?;
+            // A held claim answers the vendor devices its spec recorded (adoptions have none).
+            let held = if cdi { None } else { Some(vendor) };
+            let prepared = self.grant(uid, &outcome.allocation, None, held).await?;
             return self.acknowledge(uid, prepared, cdi).await;
         }
         self.step(CrashPoint::AfterAllocate)?;
@@ -633,13 +635,14 @@ impl Engine {
         }
         self.step(CrashPoint::AfterUpdatePush)?;
         let prepared = self
-            .grant(uid, &outcome.allocation, Some(commit_seq), vendor)
+            .grant(uid, &outcome.allocation, Some(commit_seq), Some(vendor))
             .await?;
         self.acknowledge(uid, prepared, cdi).await
     }
 
     /// Writes the claim's spec stamped with the commit that created its record, and answers
-    /// with its CDI IDs. `committed` is that commit for a fresh prepare (its spec is always
+    /// with its CDI IDs. `vendor` is the vendor CDI device of each result (docs/gpus.md);
+    /// `None` for a held claim: what its spec recorded. `committed` is that commit for a fresh prepare (its spec is always
     /// written, replacing any stale one); `None` for a repeat, whose spec is written only when
     /// missing. A failure rolls the claim back only while it has no spec.
     async fn grant(
@@ -647,13 +650,14 @@ impl Engine {
         uid: &str,
         allocation: &Allocation,
         committed: Option<u64>,
-        vendor: Vec<Option<String>>,
+        vendor: Option<Vec<Option<String>>>,
     ) -> Result<Prepared, EngineError> {
         let already = committed.is_none();
         let env = self.journal.record(uid).map(|r| r.env).unwrap_or_default();
-        let vendor = match (already, self.composer.get()) {
-            (true, Some(c)) => self.vendor_of_held(uid, allocation, c.as_ref()).await?,
-            _ => vendor,
+        let vendor = match (vendor, self.composer.get()) {
+            (Some(v), _) => v,
+            (None, Some(c)) => self.vendor_of_held(uid, allocation, c.as_ref()).await?,
+            (None, None) => Vec::new(),
         };
         let marker = crate::vendor::env_value(&vendor);
         let edits = self
