@@ -336,3 +336,36 @@ fn yaml_to_json(yaml: &str) -> String {
     let v: serde_json::Value = serde_saphyr::from_str(yaml).expect("yaml");
     serde_json::to_string_pretty(&v).unwrap()
 }
+
+#[tokio::test]
+async fn check_config_warns_of_devices_the_vendor_specs_cannot_compose() {
+    let (node, etc, run) = vendor_node("required");
+    write_spec(
+        &run.join("nvidia.yaml"),
+        &nvidia_spec(&[0], true, "550.54.15"),
+    );
+    let (st, out, err) = node.cli(&["check-config", "--strict"]).await;
+    assert_eq!(st.code(), Some(3), "{out}{err}");
+    let text = out + &err;
+    assert!(
+        text.contains("pool whole composes grants with vendor CDI specs, and for now: device gpu1 of pool whole is described by no vendor CDI spec in")
+            && text.contains(&run.display().to_string()),
+        "{text}"
+    );
+    assert!(!text.contains("device gpu0"), "{text}");
+    // A spec that cannot be used is one warning, not one per device.
+    write_spec(
+        &etc.join("bad.yaml"),
+        "cdiVersion: 0.5.0\nkind: nvidia.com\ndevices: []\n",
+    );
+    let (_, out, err) = node.cli(&["check-config"]).await;
+    let text = out + &err;
+    assert_eq!(text.matches("bad.yaml cannot be used").count(), 1, "{text}");
+    std::fs::remove_file(etc.join("bad.yaml")).unwrap();
+    write_spec(
+        &run.join("nvidia.yaml"),
+        &nvidia_spec(&[0, 1], true, "550.54.15"),
+    );
+    let (st, out, err) = node.cli(&["check-config", "--strict"]).await;
+    assert!(st.success(), "{out}{err}");
+}

@@ -55,6 +55,8 @@ pub struct VendorSpecs {
     own_kind: String,
     own_prefix: String,
     cached: Mutex<Option<(Signature, Read)>>,
+    /// Whether each read is logged (the daemon's; the one-shot commands print warnings instead).
+    logged: bool,
 }
 
 /// What a read of the spec dirs gave: the catalog, or the sentence naming the unusable file.
@@ -69,7 +71,14 @@ impl VendorSpecs {
             own_kind,
             own_prefix,
             cached: Mutex::new(None),
+            logged: true,
         }
+    }
+
+    /// The same without a log line per read: for commands that print what they found.
+    pub fn quiet(mut self) -> VendorSpecs {
+        self.logged = false;
+        self
     }
 
     /// The directories read.
@@ -91,6 +100,7 @@ impl VendorSpecs {
             .map(Arc::new)
             .map_err(|e| e.to_string());
         match &loaded {
+            _ if !self.logged => {}
             Ok(c) => {
                 tracing::info!(dirs = %c.dirs_text(), specs = c.specs.len(), mig_entries = c.mig_entries(), "read the vendor CDI specs")
             }
