@@ -544,3 +544,19 @@ fn the_device_plugin_daemonset_config_is_valid() {
     assert!(cfg.device_plugin.enabled);
     assert_eq!(cfg.discovery.root, PathBuf::from("/host"));
 }
+
+#[test]
+fn dra_pools_name_defined_pools() {
+    let ok = Config::from_yaml(&format!("{SLICED_POOLS}dra:\n  pools: [mig]\n"), "t.yaml").unwrap();
+    assert_eq!(ok.dra.pools, vec!["mig".to_string()]);
+    match err(&format!("{SLICED_POOLS}dra:\n  pools: [mig, nope]\n")) {
+        ConfigError::Invalid { field, message, .. } => {
+            assert_eq!(field, "dra.pools[1]");
+            assert!(
+                message.contains("dra.pools names pool \"nope\", which is not defined in pools"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}

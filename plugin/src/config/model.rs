@@ -330,6 +330,10 @@ pub struct DraConfig {
     /// Write each prepared device's entry in its ResourceClaim's `status.devices` (KEP-4817)
     /// and remove it at unprepare.
     pub claim_status: bool,
+    /// Pools published in the ResourceSlices; empty publishes every pool. Lets one node serve
+    /// some pools through DRA and others through the device plugin without the scheduler
+    /// counting a device through both.
+    pub pools: Vec<String>,
 }
 
 impl Default for DraConfig {
@@ -342,6 +346,7 @@ impl Default for DraConfig {
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
             claim_status: true,
+            pools: Vec::new(),
         }
     }
 }

@@ -368,6 +368,8 @@ impl Daemon {
                         .await
                 {
                     report_identity(lock.as_ref(), &cdi, &m, &h);
+                    // The engine answered: `/livez` stays 200 (a stuck engine never gets here).
+                    h.beat();
                 }
             }
         }));
@@ -512,6 +514,7 @@ impl Daemon {
             );
             plugins
         });
+        add_readiness_checks(&health, dra.as_ref(), device_plugins.as_ref());
         refresh_gauges(&agent, &metrics);
         report_identity(
             engine.node_lock_status().as_ref(),
@@ -885,4 +888,64 @@ fn device_health_status(report: &HealthReport) -> serde_json::Value {
         .map(|(id, h)| (id.clone(), serde_json::Value::String(h.reason.clone())))
         .collect();
     serde_json::json!({ "checked_at": checked_at, "unhealthy": unhealthy })
+}
+
+/// What `/readyz` needs beyond health: the kubelet registered every door this daemon serves
+/// it (the DRA driver, each device plugin resource). A pod of the DaemonSet turns ready only
+/// then, so a rollout moves on to the next node once this one can prepare claims again.
+fn add_readiness_checks(
+    health: &HealthState,
+    dra: Option<&crate::kubelet::DraDriver>,
+    device_plugins: Option<&Arc<crate::kubelet::device_plugin::DevicePlugins>>,
+) {
+    if let Some(d) = dra {
+        let status = d.status_source();
+        health.add_readiness_check(
+            "dra",
+            Box::new(move || {
+                let s = status();
+                match s.registration {
+                    "registered" => Ok(()),
+                    "refused" => Err(format!(
+                        "the kubelet refused to register DRA driver {}: {}",
+                        s.driver,
+                        s.reason.unwrap_or_default()
+                    )),
+                    _ => Err(format!(
+                        "the kubelet has not registered DRA driver {} yet (registration socket {}); check that the kubelet's plugins_registry dir is mounted",
+                        s.driver,
+                        s.registration_socket.display()
+                    )),
+                }
+            }),
+        );
+    }
+    if let Some(p) = device_plugins {
+        let p = p.clone();
+        health.add_readiness_check(
+            "device_plugins",
+            Box::new(move || {
+                use crate::kubelet::device_plugin::Registration;
+                for (i, r) in p.resources().iter().enumerate() {
+                    match p.registration(i) {
+                        Registration::Registered { .. } => {}
+                        Registration::Failed { reason } => {
+                            return Err(format!(
+                                "device plugin {} is not registered with the kubelet: {reason}",
+                                r.name
+                            ));
+                        }
+                        _ => {
+                            return Err(format!(
+                                "device plugin {} is not registered with the kubelet yet (kubelet socket {})",
+                                r.name,
+                                p.kubelet_socket().display()
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }),
+        );
+    }
 }

@@ -37,6 +37,7 @@ fn pod(annotations: &[(&str, &str)], containers: &[&str]) -> Pod {
                 })
                 .collect(),
             init_containers: Vec::new(),
+            resource_claims: Vec::new(),
         },
     }
 }
