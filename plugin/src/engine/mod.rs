@@ -97,11 +97,7 @@ impl PreparedDevice {
 
 /// Decides the vendor CDI devices a new grant carries (docs/gpus.md); the engine stays ignorant
 /// of vendors and only records the answer in the claim's spec.
-pub trait Composer: Send + Sync {
-    /// The vendor device of each result of `allocation` (`None` where there is none), or one
-    /// sentence refusing the grant.
-    fn compose(&self, allocation: &Allocation) -> Result<Vec<Option<String>>, String>;
-}
+pub use crate::vendor::Composer;
 
 /// The answer to a successful prepare.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

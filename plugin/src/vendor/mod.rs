@@ -7,7 +7,7 @@
 //! driver upgrade rewrote is used from the next grant on without a restart. A claim already
 //! granted keeps the vendor devices it was answered with: they are written into its own CDI
 //! spec (the [`VENDOR_ENV`] variable of each of its devices) and read back on a repeated
-//! prepare. The engine stays ignorant of vendors: it asks a [`crate::engine::Composer`].
+//! prepare. The engine stays ignorant of vendors: it asks a [`Composer`].
 
 mod catalog;
 mod load;
@@ -47,6 +47,14 @@ pub fn env_value(names: &[Option<String>]) -> Option<String> {
             .collect::<Vec<_>>()
             .join(",")
     })
+}
+
+/// Decides the vendor CDI devices a new grant carries: what the engine asks (it stays ignorant
+/// of vendors and only records the answer in the claim's spec).
+pub trait Composer: Send + Sync {
+    /// The vendor device of each result of `allocation` (`None` where there is none), or one
+    /// sentence refusing the grant.
+    fn compose(&self, allocation: &Allocation) -> Result<Vec<Option<String>>, String>;
 }
 
 /// The live vendor specs of the configured directories, read again when they change.
@@ -111,7 +119,7 @@ impl VendorSpecs {
     }
 }
 
-/// Decides the vendor devices of grants: the engine's [`crate::engine::Composer`].
+/// Decides the vendor devices of grants: the engine's [`Composer`].
 pub struct VendorComposer {
     specs: Arc<VendorSpecs>,
     devices: BTreeMap<String, Device>,
@@ -233,7 +241,7 @@ pub fn status(composer: &VendorComposer, pools_of: &BTreeMap<String, String>) ->
     })
 }
 
-impl crate::engine::Composer for VendorComposer {
+impl Composer for VendorComposer {
     fn compose(&self, allocation: &Allocation) -> Result<Vec<Option<String>>, String> {
         allocation
             .results
