@@ -208,6 +208,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
             cpus_per_device: 0,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "shared".into(),
@@ -220,6 +221,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
             cpus_per_device: 0,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ];
     let node = policies::Node::new(inventory(4), &pools, &Registry::with_builtins()).unwrap();

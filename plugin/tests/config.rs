@@ -82,14 +82,15 @@ fn packaged_config_examples_parse_when_uncommented() {
         out.push('\n');
     }
     let cfg = Config::from_yaml(&out, "uncommented").unwrap();
-    assert_eq!(cfg.pools.len(), 3);
+    assert_eq!(cfg.pools.len(), 4);
     assert!(matches!(
         cfg.pools[1].family,
         FamilyConfig::Shared { replicas: 4, .. }
     ));
     assert_eq!(cfg.pools[1].unhealthy, UnhealthyDevices::TaintNoSchedule);
+    assert_eq!(cfg.pools[2].vendor_cdi, policies::VendorCdi::Required);
     assert!(
-        matches!(&cfg.pools[2].family, FamilyConfig::Sliced { profiles, .. } if profiles.len() == 3)
+        matches!(&cfg.pools[3].family, FamilyConfig::Sliced { profiles, .. } if profiles.len() == 3)
     );
 }
 

@@ -50,6 +50,7 @@ fn pools() -> Vec<PoolConfig> {
             cpus_per_device: 2,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "shared".into(),
@@ -62,6 +63,7 @@ fn pools() -> Vec<PoolConfig> {
             cpus_per_device: 0,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mig".into(),
@@ -73,6 +75,7 @@ fn pools() -> Vec<PoolConfig> {
             cpus_per_device: 0,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ]
 }

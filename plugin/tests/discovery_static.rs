@@ -34,6 +34,7 @@ fn static_device(id: &str, model: &str) -> Device {
         }],
         vfio: None,
         control_nodes: vec![],
+        uuid: None,
     }
 }
 

@@ -54,6 +54,7 @@ pub fn pools(cpus_per_device: u32) -> Vec<PoolConfig> {
         cpus_per_device,
         passthrough: false,
         unhealthy: Default::default(),
+        vendor_cdi: Default::default(),
     }]
 }
 

@@ -140,6 +140,7 @@ fn two_gpu_node() -> Capacity {
                 nodes: Vec::new(),
                 vfio: None,
                 control_nodes: Vec::new(),
+                uuid: None,
             },
             pool: "gpus".into(),
             family: "exclusive".into(),

@@ -36,6 +36,7 @@ fn device(i: u32) -> Device {
         nodes: Vec::new(),
         vfio: None,
         control_nodes: Vec::new(),
+        uuid: None,
     }
 }
 
@@ -64,6 +65,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             cpus_per_device: 1,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mps".to_string(),
@@ -76,6 +78,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             cpus_per_device: 0,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mig".to_string(),
@@ -92,6 +95,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             cpus_per_device: 0,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ]
 }

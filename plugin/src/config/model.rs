@@ -59,6 +59,7 @@ impl Default for Config {
                 cpus_per_device: 0,
                 passthrough: false,
                 unhealthy: Default::default(),
+                vendor_cdi: Default::default(),
             }],
             reconcile_interval_secs: 300,
             annotations: AnnotationsConfig::default(),
@@ -169,6 +170,10 @@ pub struct CdiConfig {
     pub class: String,
     /// Spec file format.
     pub format: SpecFormat,
+    /// Directories of the vendors' own CDI specs, read for pools with `vendor_cdi` on
+    /// (docs/gpus.md). nri-accel's own specs (kind `<vendor>/<class>`) are never read as
+    /// vendor specs.
+    pub vendor_spec_dirs: Vec<PathBuf>,
 }
 
 impl Default for CdiConfig {
@@ -178,6 +183,7 @@ impl Default for CdiConfig {
             vendor: "accel.nri.io".to_string(),
             class: "device".to_string(),
             format: SpecFormat::Yaml,
+            vendor_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
         }
     }
 }
@@ -346,6 +352,17 @@ impl Default for DraConfig {
     }
 }
 
+/// What device plugin device IDs are built from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceIds {
+    /// The inventory id.
+    #[default]
+    Id,
+    /// The device's UUID where discovery found one (NVIDIA GPUs), else the inventory id.
+    Uuid,
+}
+
 /// The kubelet's device plugin API: one device plugin per pool, so that the scheduler counts a
 /// node's free accelerators without DRA (docs/device-plugin.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -371,6 +388,10 @@ pub struct DevicePluginConfig {
     /// Also answer Allocate with device nodes, env and mounts, for runtimes without CDI (CDI
     /// device names are always answered).
     pub device_nodes: bool,
+    /// What the kubelet device IDs are built from: the inventory id (`gpu0`, `0000:18:00.0`), or
+    /// the device's UUID where it has one (`GPU-...`, as NVIDIA's device plugin can), so that a
+    /// pod's ID names the physical GPU across nodes and reboots (docs/device-plugin.md).
+    pub device_ids: DeviceIds,
     /// Seconds an allocation that no container has used yet keeps its devices when the kubelet
     /// hands them to another container; after that it is released first.
     pub unused_grace_secs: u64,
@@ -391,6 +412,7 @@ impl Default for DevicePluginConfig {
             slice_layouts: BTreeMap::new(),
             resource_names: BTreeMap::new(),
             device_nodes: false,
+            device_ids: DeviceIds::Id,
             unused_grace_secs: 60,
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,

@@ -81,6 +81,7 @@ mod tests {
             nodes,
             vfio: None,
             control_nodes: vec![node("/dev/nvidiactl", 195, 255)],
+            uuid: None,
         }
     }
 

@@ -172,6 +172,55 @@ pub fn store_config(cdi: &CdiConfig) -> cdi::StoreConfig {
     }
 }
 
+/// Composes grants with the vendors' CDI specs when a pool asks for it (docs/gpus.md): the
+/// engine records each grant's vendor devices, the annotation path merges their edits, and
+/// `status` tells what each composing pool's devices get.
+fn wire_vendor_cdi(
+    config: &Config,
+    engine: &Arc<Engine>,
+    agent: &Arc<Agent>,
+    inventory: &policies::Inventory,
+) -> Option<(
+    Arc<crate::vendor::VendorComposer>,
+    std::collections::BTreeMap<String, String>,
+)> {
+    let specs = Arc::new(crate::vendor::VendorSpecs::new(
+        config.cdi.vendor_spec_dirs.clone(),
+        format!("{}/{}", config.cdi.vendor, config.cdi.class),
+        format!("{}-{}_", config.cdi.vendor, config.cdi.class),
+    ));
+    let composer = Arc::new(crate::vendor::VendorComposer::new(
+        specs,
+        inventory,
+        &config.pools,
+    )?);
+    engine.set_composer(composer.clone());
+    agent.set_vendor(
+        composer.clone(),
+        inventory.clone(),
+        config.discovery.root.clone(),
+    );
+    let pools_of: std::collections::BTreeMap<String, String> = config
+        .pools
+        .iter()
+        .filter(|p| !p.vendor_cdi.is_off())
+        .flat_map(|p| {
+            engine
+                .with_node(|n| n.pool_devices(&p.name).map(|d| d.to_vec()))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| (d.id, p.name.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let (c, p) = (composer.clone(), pools_of.clone());
+    agent.add_status_section(
+        "vendor_cdi",
+        Box::new(move || crate::vendor::status(&c, &p)),
+    );
+    Some((composer, pools_of))
+}
+
 /// The checkpoint directory under the state dir.
 pub fn checkpoint_dir(config: &Config) -> PathBuf {
     config.state_dir.join(CHECKPOINT_DIR)
@@ -223,6 +272,19 @@ impl Daemon {
                 annotation_prefix: config.annotations.prefix.clone(),
             },
         ));
+
+        let vendor = wire_vendor_cdi(config, &engine, &agent, &inventory);
+        let uuids: serde_json::Map<String, serde_json::Value> = inventory
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.id.clone(), serde_json::Value::from(d.uuid.clone()?))))
+            .collect();
+        if !uuids.is_empty() {
+            agent.add_status_section(
+                "device_uuids",
+                Box::new(move || serde_json::Value::Object(uuids.clone())),
+            );
+        }
 
         // Publishing never waits for the API server; only bad credentials stop the start.
         let kube = if config.dra.enabled {
@@ -363,8 +425,21 @@ impl Daemon {
         let device_health = match config.discovery.health_check_secs {
             0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
             secs => {
-                let (monitor, task) =
-                    HealthMonitor::start(&config.discovery, inventory, Duration::from_secs(secs));
+                // A vendor_cdi pool's device the vendor specs do not describe (or disagree
+                // about) is not offered: withdrawn like an unhealthy one (docs/gpus.md).
+                let extra =
+                    vendor.map(|(composer, pools_of)| -> crate::device_health::ExtraCheck {
+                        Arc::new(move |d: &policies::Device| {
+                            let pool = pools_of.get(&d.id)?;
+                            composer.device(pool, &d.id).err()
+                        })
+                    });
+                let (monitor, task) = HealthMonitor::start_with(
+                    &config.discovery,
+                    inventory,
+                    Duration::from_secs(secs),
+                    extra,
+                );
                 tasks.push(task);
                 monitor
             }

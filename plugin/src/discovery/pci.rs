@@ -231,6 +231,7 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
             nodes: Vec::new(),
             vfio: None,
             control_nodes: Vec::new(),
+            uuid: None,
         },
         vendor,
         dir: dir.to_path_buf(),

@@ -225,6 +225,7 @@ fn model(devices: &[Published], rules: &Rules) -> Option<Node> {
                 cpus_per_device: 0,
                 passthrough: false,
                 unhealthy: Default::default(),
+                vendor_cdi: Default::default(),
             });
         }
     }

@@ -59,6 +59,7 @@ fn node_with(n: usize, pool: &str, family: &str) -> Vec<Published> {
                 nodes: Vec::new(),
                 vfio: None,
                 control_nodes: Vec::new(),
+                uuid: None,
             },
             pool: pool.into(),
             family: family.into(),

@@ -80,6 +80,7 @@ pub fn nodes_of(slices: &[ResourceSlice]) -> Nodes {
                     nodes: Vec::new(),
                     vfio: None,
                     control_nodes: Vec::new(),
+                    uuid: None,
                 },
                 pool,
                 family,

@@ -75,6 +75,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             cpus_per_device: layout.cpus_per_device,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     if layout.shared > 0 {
@@ -89,6 +90,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             cpus_per_device: 0,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     if layout.sliced > 0 {
@@ -102,6 +104,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             cpus_per_device: 0,
             passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     c
