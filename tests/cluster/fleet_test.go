@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +15,9 @@ import (
 // (etcd, kube-apiserver, kube-controller-manager, kube-scheduler on the machine's loopback), and
 // per node, fleet-1 .. fleet-N:
 //   - a holder of the node's mount namespace (nodens_test.go) that also holds a network
-//     namespace of its own: lo, and a dummy eth0 with the node's address 10.201.0.<i+2>/24, the
-//     Node's InternalIP (the kubelet's --node-ip);
+//     namespace of its own: lo, and eth0 (a bridge with no ports, as the pod network uses; this
+//     kernel has no dummy links) holding the node's address 10.201.0.<i+2>/24, the Node's
+//     InternalIP (the kubelet's --node-ip);
 //   - in the network namespace, a listener on the apiserver's loopback address and port that
 //     forwards to the machine's apiserver, so the node's kubelet and containerd reach it as the
 //     single node does (the same kubeconfig server) while nothing else of the machine's network
@@ -188,3 +190,58 @@ rules:
 
 // auditLog is the fleet apiserver's audit log.
 func (c *Cluster) auditLog() string { return filepath.Join(c.Dir, "audit.log") }
+
+// nodeMemory answers the resident memory of the node's processes on the machine, by program:
+// its containerd, kubelet and containerd shims (every process whose command line names the
+// node's dir), and nri-accel in its container. The control plane is not counted.
+func (c *Cluster) nodeMemory(t *testing.T) string {
+	t.Helper()
+	by := map[string]int{}
+	var others []string
+	if c.control == nil {
+		for _, n := range c.Nodes[1:] {
+			others = append(others, n.Dir+"/")
+		}
+	}
+	procs, _ := os.ReadDir("/proc")
+	accel := c.accelContainerPID(t)
+	for _, p := range procs {
+		var pid int
+		if _, err := fmt.Sscanf(p.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		args := strings.Split(string(cmdline), "\x00")
+		mine := pid == accel || strings.Contains(string(cmdline), c.Dir+"/")
+		for _, o := range others {
+			mine = mine && !strings.Contains(string(cmdline), o)
+		}
+		if !mine || len(args) == 0 {
+			continue
+		}
+		status, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "status"))
+		var kb int
+		for _, l := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+				fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			}
+		}
+		name := filepath.Base(args[0])
+		if pid == accel {
+			name = "nri-accel"
+		} else if contains([]string{"nsenter", "sh", "sleep", "unshare", "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}, name) {
+			// The node namespace's holder, and the control plane (its files are in the first
+			// node's dir).
+			continue
+		}
+		by[name] += kb
+	}
+	total := 0
+	var parts []string
+	for name, kb := range by {
+		total += kb
+		parts = append(parts, fmt.Sprintf("%s %d MiB", name, kb/1024))
+	}
+	sort.Strings(parts)
+	return fmt.Sprintf("%d MiB (%s)", total/1024, strings.Join(parts, ", "))
+}

@@ -88,7 +88,7 @@ func (c *Cluster) startNodeNamespace(t *testing.T) {
 		// A fleet's node: a network namespace of its own too, with lo and the node's address
 		// (fleet_test.go).
 		unshare = append(unshare, "--net")
-		binds = append([]string{"ip link set lo up", "ip link add eth0 type dummy",
+		binds = append([]string{"ip link set lo up", "ip link add eth0 type bridge",
 			"ip addr add " + c.NodeIP + "/24 dev eth0", "ip link set eth0 up"}, binds...)
 	}
 	script := "set -e; " + strings.Join(binds, "; ") + "; touch " + ready + "; exec sleep 2147483647"

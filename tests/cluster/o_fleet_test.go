@@ -94,6 +94,9 @@ func installFleet(t *testing.T, c *Cluster) *fleet {
 		"--wait", "--timeout", "5m")
 	c.waitFleetDeployed(t, nil, f.image)
 	t.Logf("the chart installed and nri-accel up on %d nodes in %.1f s", len(c.Nodes), time.Since(f.installed).Seconds())
+	for _, n := range c.Nodes {
+		t.Logf("node %s, resident memory: %s", n.NodeName, n.nodeMemory(t))
+	}
 	c.apply(claimTemplateYAML("fleet-one", oneDevice("accel-gpu", "", "")))
 	return f
 }
