@@ -478,22 +478,35 @@ func (c *Cluster) accelContainerPID(t *testing.T) int {
 	return 0
 }
 
-// Scenario o, node lost: a Deployment's pod holding a device on a node whose kubelet and
-// nri-accel are then killed (SIGKILL; containerd and the pod's container live on). The node goes
-// NotReady, the pod is evicted once its toleration of the unreachable taint ends (10 s in this
-// cluster, fleetTimeouts) and its replacement runs on another node with a free device. When the
-// kubelet comes back (and starts nri-accel's container again), the evicted pod's container is
-// removed, its claim unprepared and deleted: no CDI spec, no held claim and nothing for
-// `nri-accel reconcile` left on the node.
+// Scenario o, node lost: a Deployment's two pods, one device each, on the last node (a
+// preferred node affinity), whose kubelet and nri-accel are then killed (SIGKILL; containerd and
+// the pods' containers live on). The node goes NotReady, the pods are evicted once their
+// toleration of the unreachable taint ends (10 s in this cluster, fleetTimeouts) and their
+// replacements run on the other nodes, which have free devices. The operator force-deletes one
+// of the evicted pods, as one does for a node that may not come back: its claim is deallocated
+// and deleted while the node is away, leaving the node an orphan to reconcile. When the kubelet
+// comes back (and starts nri-accel's container again), both old containers are removed and both
+// claims unprepared: no CDI spec, no held claim and nothing for `nri-accel reconcile` left on the
+// node, and the replacements never restarted.
 func scenarioFleetNodeLost(t *testing.T, f *fleet) {
 	c := f.c
-	c.apply(deploymentYAML("lost", 1, false))
-	pod := c.waitAppRunning(t, "lost", 1, 120*time.Second)[0]
-	name, node := str(pod, "metadata", "name"), str(pod, "spec", "nodeName")
-	claim := c.podClaims(t, pod)["gpu"]
-	lost := c.fleetNode(node)
-	if len(lost.specFiles()) != 1 {
-		t.Fatalf("before the loss %s has specs %v", node, lost.specFiles())
+	lost := c.Nodes[len(c.Nodes)-1]
+	node := lost.NodeName
+	c.apply(strings.Replace(deploymentYAML("lost", 2, false), "    spec:\n", fmt.Sprintf("    spec:\n"+
+		"      affinity: {nodeAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 100, preference: "+
+		"{matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [%s]}]}}]}}\n", node), 1))
+	pods := c.waitAppRunning(t, "lost", 2, 120*time.Second)
+	var names, claims []string
+	for _, p := range pods {
+		if str(p, "spec", "nodeName") != node {
+			t.Fatalf("pod %s runs on %s, not on %s its affinity prefers (which has %d free devices)",
+				str(p, "metadata", "name"), str(p, "spec", "nodeName"), node, fleetWholeDevices)
+		}
+		names = append(names, str(p, "metadata", "name"))
+		claims = append(claims, str(c.podClaims(t, p)["gpu"], "metadata", "name"))
+	}
+	if len(lost.specFiles()) != 2 {
+		t.Fatalf("before the loss %s has specs %v, want those of %v", node, lost.specFiles(), names)
 	}
 	pid := lost.accelContainerPID(t)
 	begin := time.Now()
@@ -503,15 +516,28 @@ func scenarioFleetNodeLost(t *testing.T, f *fleet) {
 		t.Fatalf("node %s still Ready 90 s after its kubelet was killed", node)
 	}
 	t.Logf("node %s NotReady %.1f s after its kubelet and nri-accel (pid %d) were killed", node, time.Since(begin).Seconds(), pid)
-	moved := c.waitAppRunning(t, "lost", 1, 180*time.Second, node)[0]
-	t.Logf("pod %s replaced by %s on %s %.1f s after the kill", name, str(moved, "metadata", "name"),
-		str(moved, "spec", "nodeName"), time.Since(begin).Seconds())
-	claimOnNode(t, c.podClaims(t, moved)["gpu"], str(moved, "spec", "nodeName"))
-	if p := c.pod(name); str(p, "metadata", "deletionTimestamp") == "" {
-		t.Errorf("the lost node's pod %s is not being deleted: %v", name, field(p, "metadata"))
+	moved := c.waitAppRunning(t, "lost", 2, 180*time.Second, node)
+	t.Logf("pods %v replaced by %s on %s and %s on %s %.1f s after the kill", names,
+		str(moved[0], "metadata", "name"), str(moved[0], "spec", "nodeName"),
+		str(moved[1], "metadata", "name"), str(moved[1], "spec", "nodeName"), time.Since(begin).Seconds())
+	for _, p := range moved {
+		claimOnNode(t, c.podClaims(t, p)["gpu"], str(p, "spec", "nodeName"))
 	}
-	if len(lost.specFiles()) != 1 {
-		t.Errorf("while %s is lost its CDI specs are %v, want the lost pod's (its container still runs)", node, lost.specFiles())
+	for _, name := range names {
+		if p := c.pod(name); str(p, "metadata", "deletionTimestamp") == "" {
+			t.Errorf("the lost node's pod %s is not being deleted: %v", name, field(p, "metadata"))
+		}
+	}
+	// The operator gives one of them up: its claim goes while the node is away.
+	c.kubectl("delete", "pod", names[0], "-n", "default", "--force", "--grace-period=0")
+	if !waitFor(60*time.Second, func() bool {
+		_, err := c.kubectlErr("get", "resourceclaim", claims[0], "-n", "default")
+		return err != nil
+	}) {
+		t.Errorf("claim %s still there 60 s after its pod %s was force-deleted", claims[0], names[0])
+	}
+	if len(lost.specFiles()) != 2 {
+		t.Errorf("while %s is lost its CDI specs are %v, want the lost pods' two (their containers still run)", node, lost.specFiles())
 	}
 
 	back := time.Now()
@@ -519,21 +545,45 @@ func scenarioFleetNodeLost(t *testing.T, f *fleet) {
 	if !waitFor(120*time.Second, lost.nodeReady) {
 		t.Fatalf("node %s not Ready 120 s after its kubelet started again:\n%s", node, tail(lost.Kubelet.Log, 30))
 	}
+	var left, steps []string
+	specsLeft := 2
 	if !waitFor(180*time.Second, func() bool {
-		_, err := c.kubectlErr("get", "resourceclaim", str(claim, "metadata", "name"), "-n", "default")
-		return c.pod(name) == nil && err != nil && len(lost.specFiles()) == 0 && len(lost.heldClaims(t)) == 0
+		if n := len(lost.specFiles()); n != specsLeft {
+			steps = append(steps, fmt.Sprintf("%d spec(s) at %.1f s", n, time.Since(back).Seconds()))
+			specsLeft = n
+		}
+		left = nil
+		for i, name := range names {
+			if c.pod(name) != nil {
+				left = append(left, "pod "+name)
+			}
+			if _, err := c.kubectlErr("get", "resourceclaim", claims[i], "-n", "default"); err == nil {
+				left = append(left, "claim "+claims[i])
+			}
+		}
+		if s := lost.specFiles(); len(s) > 0 {
+			left = append(left, fmt.Sprintf("specs %v", s))
+		}
+		if st, err := lost.AccelStatus(); err != nil {
+			left = append(left, "nri-accel status: "+err.Error())
+		} else if h := list(st, "claims"); len(h) > 0 {
+			left = append(left, fmt.Sprintf("held %v", h))
+		}
+		return len(left) == 0
 	}) {
-		t.Fatalf("180 s after %s came back: pod %s %v, claim %s, specs %v, held %v", node, name, c.pod(name) != nil,
-			str(claim, "metadata", "name"), lost.specFiles(), lost.heldClaims(t))
+		t.Fatalf("180 s after %s came back, left: %v\nkubelet:\n%s", node, left, grepFile(lost.Kubelet.Log, "nprepare"))
 	}
-	t.Logf("%s back: the lost pod, its claim and its CDI spec gone %.1f s after its kubelet started again", node, time.Since(back).Seconds())
+	t.Logf("%s back: the lost pods, their claims (one force-deleted while it was away) and their CDI specs gone %.1f s after its kubelet started again (%s)",
+		node, time.Since(back).Seconds(), strings.Join(steps, ", "))
 	c.waitFleetDeployed(t, nil, f.image)
 	out, err := exec.Command(accelBin(t), "reconcile", "--dry-run", "--config", lost.AccelCfg).CombinedOutput()
 	if err != nil || strings.Contains(string(out), "would ") || strings.Contains(string(out), "UNPROVEN") {
 		t.Errorf("nri-accel reconcile --dry-run on %s after it came back: %v\n%s", node, err, out)
 	}
-	if p := c.pod(str(moved, "metadata", "name")); field(p, "status", "containerStatuses", 0, "restartCount") != float64(0) {
-		t.Errorf("the replacement pod restarted: %v", field(p, "status", "containerStatuses"))
+	for _, m := range moved {
+		if p := c.pod(str(m, "metadata", "name")); field(p, "status", "containerStatuses", 0, "restartCount") != float64(0) {
+			t.Errorf("the replacement pod %s restarted: %v", str(m, "metadata", "name"), field(p, "status", "containerStatuses"))
+		}
 	}
 	c.allHeld(t)
 	c.kubectl("delete", "deployment", "lost", "-n", "default")
