@@ -298,6 +298,22 @@ func (c *Cluster) allHeld(t *testing.T) map[string]map[string][]string {
 	return out
 }
 
+// noDeviceAllocatedTwice fails the test when two ResourceClaims of the cluster are allocated one
+// device (the scheduler's side of "granted twice"; allHeld checks the nodes' side).
+func (c *Cluster) noDeviceAllocatedTwice(t *testing.T) {
+	t.Helper()
+	by := map[string]string{}
+	for _, cl := range list(c.getJSON(t, "get", "resourceclaims", "-A"), "items") {
+		for _, d := range allocatedDevices(cl.(map[string]any)) {
+			name := str(cl, "metadata", "name")
+			if other, ok := by[d]; ok {
+				t.Errorf("device %s is allocated to claims %s and %s", d, other, name)
+			}
+			by[d] = name
+		}
+	}
+}
+
 // waitNoSpecs waits until no node has a CDI spec or a held claim.
 func (c *Cluster) waitNoSpecs(t *testing.T, within time.Duration) {
 	t.Helper()
@@ -351,6 +367,7 @@ func scenarioFleetPlacement(t *testing.T, f *fleet) {
 		len(running), str(pending[0], "metadata", "name"), podCondition(pending[0], "PodScheduled", "message"), time.Since(begin).Seconds())
 	nodes, devices := map[string]string{}, map[string]string{}
 	held := c.allHeld(t)
+	c.noDeviceAllocatedTwice(t)
 	for _, p := range running {
 		name, node := str(p, "metadata", "name"), str(p, "spec", "nodeName")
 		if other, ok := nodes[node]; ok {
@@ -449,6 +466,7 @@ func scenarioFleetDrain(t *testing.T, f *fleet) {
 		t.Errorf("nri-accel's pods on the drained node: %v, want its one pod left (kubectl drain --ignore-daemonsets)", ds)
 	}
 	c.allHeld(t)
+	c.noDeviceAllocatedTwice(t)
 	c.kubectl("delete", "deployment", "drain", "-n", "default")
 	c.waitNoSpecs(t, 90*time.Second)
 }
@@ -586,6 +604,7 @@ func scenarioFleetNodeLost(t *testing.T, f *fleet) {
 		}
 	}
 	c.allHeld(t)
+	c.noDeviceAllocatedTwice(t)
 	c.kubectl("delete", "deployment", "lost", "-n", "default")
 	c.waitNoSpecs(t, 90*time.Second)
 }
@@ -643,6 +662,40 @@ func scenarioFleetUpgrade(t *testing.T, f *fleet) {
 		}
 	}()
 
+	// How many nodes lack a ready nri-accel at once while the DaemonSet rolls (its
+	// maxUnavailable, 1 by default), and the order the nodes got their new pod in.
+	var most int
+	var order []string
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			out, err := c.kubectlErr("get", "pods", "-n", "nri-accel", "-l", "app.kubernetes.io/name=nri-accel", "-o", "json")
+			var l obj
+			if err != nil || json.Unmarshal([]byte(out), &l) != nil {
+				continue
+			}
+			ready := map[string]bool{}
+			for _, p := range list(l, "items") {
+				node := str(p, "spec", "nodeName")
+				if field(p, "status", "containerStatuses", 0, "ready") == true && str(p, "metadata", "deletionTimestamp") == "" {
+					ready[node] = true
+					if str(p, "metadata", "uid") != old[node] && !contains(order, node) {
+						mu.Lock()
+						order = append(order, node)
+						mu.Unlock()
+					}
+				}
+			}
+			mu.Lock()
+			most = max(most, len(c.Nodes)-len(ready))
+			mu.Unlock()
+		}
+	}()
+
 	next := f.version() + "-next"
 	for _, n := range c.Nodes {
 		var src string
@@ -665,6 +718,13 @@ func scenarioFleetUpgrade(t *testing.T, f *fleet) {
 	if len(gone) > 0 {
 		t.Errorf("held claims' CDI specs were missing or changed at %d checks during the upgrade: %v", len(gone), gone)
 	}
+	mu.Lock()
+	t.Logf("the new pods became ready on %v; at most %d node(s) without a ready nri-accel at once", order, most)
+	if most > 1 {
+		t.Errorf("%d nodes were without a ready nri-accel at once during the upgrade, want at most 1 (the DaemonSet's maxUnavailable)", most)
+	}
+	mu.Unlock()
+	c.noDeviceAllocatedTwice(t)
 	held := c.allHeld(t)
 	for _, h := range holders {
 		p := c.pod(h.name)
