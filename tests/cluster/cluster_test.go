@@ -97,7 +97,7 @@ type Options struct {
 	// fleet-1 .. fleet-N, each in mount and network namespaces of its own, with its own
 	// containerd, kubelet and fake devices, and nothing of nri-accel on them (the fleet installs
 	// the chart); the controller-manager and the apiserver then declare a node lost and evict its
-	// pods within about 30 s (fleetTimeouts).
+	// pods within about 30 s (fleetFlags).
 	Nodes int
 }
 
@@ -203,7 +203,7 @@ func Start(t *testing.T, version string, opts Options) *Cluster {
 		"--service-account-signing-key-file=" + c.pki.SAKey, "--service-cluster-ip-range=10.96.0.0/24",
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
 		"--profiling=false", "--feature-gates=" + c.gatesFor(t, "kube-apiserver"), "--runtime-config=" + c.runtimeConfig()},
-		c.fleetTimeouts("kube-apiserver")...)...)
+		c.fleetFlags("kube-apiserver")...)...)
 	c.Admin = c.pki.kubeconfig(t, "admin", c.Server, "nri-accel-cluster-admin", "system:masters")
 	if !waitFor(90*time.Second, func() bool {
 		out, err := c.kubectlErr("get", "--raw", "/readyz")
@@ -219,7 +219,7 @@ func Start(t *testing.T, version string, opts Options) *Cluster {
 		"--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
 		"--service-account-private-key-file=" + c.pki.SAKey, "--root-ca-file=" + c.pki.CA, "--use-service-account-credentials=true",
 		"--controllers=*", "--feature-gates=" + c.gatesFor(t, "kube-controller-manager")},
-		c.fleetTimeouts("kube-controller-manager")...)...)
+		c.fleetFlags("kube-controller-manager")...)...)
 	schedKube := c.pki.kubeconfig(t, "scheduler", c.Server, "system:kube-scheduler")
 	c.Scheduler = startProc(t, "kube-scheduler", filepath.Join(dir, "kube-scheduler.log"), nil,
 		filepath.Join(kubeBin, "kube-scheduler"),

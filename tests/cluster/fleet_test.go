@@ -43,13 +43,13 @@ const fleetDevDir = "/dev/nri-accel-fleet"
 // fleetWholeDevices is how many devices pool `whole` has on each fleet node.
 const fleetWholeDevices = 2
 
-// fleetTimeouts are the flags a fleet adds to component (none on a single node). The timeouts
+// fleetFlags are the flags a fleet adds to component (none on a single node). The timeouts
 // that make a lost node's pods move within about 30 s: the node controller declares a node
 // NotReady 20 s after its last heartbeat (default 50 s) and checks every 2 s (default 5 s); the
 // apiserver gives every pod 10 s of toleration of the not-ready and unreachable taints (default
 // 300 s). And the apiserver's audit log, <cluster dir>/audit.log (auditPolicy), from which
 // requestsByNode counts each node's requests.
-func (c *Cluster) fleetTimeouts(component string) []string {
+func (c *Cluster) fleetFlags(component string) []string {
 	if c.Opts.Nodes < 2 {
 		return nil
 	}

@@ -47,6 +47,9 @@ func TestClusterFleet(t *testing.T) {
 				)
 			}
 			runScenarios(t, c, false, all...)
+			for _, n := range c.Nodes {
+				n.t = t
+			}
 			t.Logf("requests per node (the apiserver's audit log, since the chart's install):\n%s", c.requestsByNode(t, f.installed))
 		})
 	}
@@ -66,11 +69,6 @@ func (f *fleet) run(s func(t *testing.T, f *fleet)) func(t *testing.T, c *Cluste
 		for _, n := range c.Nodes {
 			n.t = t
 		}
-		defer func() {
-			for _, n := range c.Nodes {
-				n.t = c.t
-			}
-		}()
 		s(t, f)
 	}
 }
@@ -499,7 +497,7 @@ func (c *Cluster) accelContainerPID(t *testing.T) int {
 // Scenario o, node lost: a Deployment's two pods, one device each, on the last node (a
 // preferred node affinity), whose kubelet and nri-accel are then killed (SIGKILL; containerd and
 // the pods' containers live on). The node goes NotReady, the pods are evicted once their
-// toleration of the unreachable taint ends (10 s in this cluster, fleetTimeouts) and their
+// toleration of the unreachable taint ends (10 s in this cluster, fleetFlags) and their
 // replacements run on the other nodes, which have free devices. The operator force-deletes one
 // of the evicted pods, as one does for a node that may not come back: its claim is deallocated
 // and deleted while the node is away, leaving the node an orphan to reconcile. When the kubelet
