@@ -53,7 +53,7 @@ func installFleet(t *testing.T, c *Cluster) *fleet {
 	c.waitFleetDeployed(t, nil, f.image)
 	t.Logf("the chart installed and nri-accel up on %d nodes in %.1f s", len(c.Nodes), time.Since(f.installed).Seconds())
 	for _, n := range c.Nodes {
-		t.Logf("node %s, resident memory: %s", n.NodeName, n.nodeMemory(t))
+		t.Logf("node %s after the install: %s", n.NodeName, n.nodeCost(t))
 	}
 	c.apply(claimTemplateYAML("fleet-one", oneDevice("accel-gpu", "", "")))
 	return f

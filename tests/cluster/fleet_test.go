@@ -191,12 +191,15 @@ rules:
 // auditLog is the fleet apiserver's audit log.
 func (c *Cluster) auditLog() string { return filepath.Join(c.Dir, "audit.log") }
 
-// nodeMemory answers the resident memory of the node's processes on the machine, by program:
-// its containerd, kubelet and containerd shims (every process whose command line names the
-// node's dir), and nri-accel in its container. The control plane is not counted.
-func (c *Cluster) nodeMemory(t *testing.T) string {
+// nodeCost answers what the node's processes on the machine take, by program: their resident
+// memory now and the CPU time they used since they started (user and system; a process gone,
+// such as a killed nri-accel, no longer counts). The node's processes are its containerd, kubelet
+// and containerd shims (every process whose command line names the node's dir) and nri-accel in
+// its container; the control plane is not counted.
+func (c *Cluster) nodeCost(t *testing.T) string {
 	t.Helper()
 	by := map[string]int{}
+	ticks := map[string]int{}
 	var others []string
 	if c.control == nil {
 		for _, n := range c.Nodes[1:] {
@@ -204,7 +207,7 @@ func (c *Cluster) nodeMemory(t *testing.T) string {
 		}
 	}
 	procs, _ := os.ReadDir("/proc")
-	accel := c.accelContainerPID(t)
+	accel := c.accelPID()
 	for _, p := range procs {
 		var pid int
 		if _, err := fmt.Sscanf(p.Name(), "%d", &pid); err != nil {
@@ -235,13 +238,26 @@ func (c *Cluster) nodeMemory(t *testing.T) string {
 			continue
 		}
 		by[name] += kb
+		// utime and stime, fields 14 and 15 of stat, in clock ticks (100 a second).
+		if stat, err := os.ReadFile(filepath.Join("/proc", p.Name(), "stat")); err == nil {
+			if i := strings.LastIndexByte(string(stat), ')'); i > 0 {
+				f := strings.Fields(string(stat)[i+1:])
+				var u, s int
+				if len(f) > 12 {
+					fmt.Sscanf(f[11], "%d", &u)
+					fmt.Sscanf(f[12], "%d", &s)
+				}
+				ticks[name] += u + s
+			}
+		}
 	}
-	total := 0
+	total, cpu := 0, 0
 	var parts []string
 	for name, kb := range by {
 		total += kb
-		parts = append(parts, fmt.Sprintf("%s %d MiB", name, kb/1024))
+		cpu += ticks[name]
+		parts = append(parts, fmt.Sprintf("%s %d MiB %.1f s", name, kb/1024, float64(ticks[name])/100))
 	}
 	sort.Strings(parts)
-	return fmt.Sprintf("%d MiB (%s)", total/1024, strings.Join(parts, ", "))
+	return fmt.Sprintf("%d MiB resident, %.1f s of CPU (%s)", total/1024, float64(cpu)/100, strings.Join(parts, ", "))
 }

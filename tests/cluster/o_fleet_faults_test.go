@@ -16,6 +16,15 @@ import (
 // accelContainerPID answers the pid of the nri-accel container on c's node (from runc's state).
 func (c *Cluster) accelContainerPID(t *testing.T) int {
 	t.Helper()
+	pid := c.accelPID()
+	if pid == 0 {
+		t.Fatalf("no running nri-accel container on %s", c.node())
+	}
+	return pid
+}
+
+// accelPID answers the pid of the running nri-accel container on c's node, 0 when none runs.
+func (c *Cluster) accelPID() int {
 	root := filepath.Join(c.Dir, "containerd", "runc", "k8s.io")
 	ids, _ := os.ReadDir(root)
 	for _, id := range ids {
@@ -34,7 +43,6 @@ func (c *Cluster) accelContainerPID(t *testing.T) int {
 			return st.Pid
 		}
 	}
-	t.Fatalf("no running nri-accel container on %s", c.node())
 	return 0
 }
 

@@ -42,6 +42,7 @@ func TestClusterFleet(t *testing.T) {
 			runScenarios(t, c, false, all...)
 			for _, n := range c.Nodes {
 				n.t = t
+				t.Logf("node %s at the end: %s", n.NodeName, n.nodeCost(t))
 			}
 			t.Logf("requests per node (the apiserver's audit log, since the chart's install):\n%s", c.requestsByNode(t, f.installed))
 		})
