@@ -269,7 +269,7 @@ func scenarioFleetUpgrade(t *testing.T, f *fleet) {
 		t.Errorf("held claims' CDI specs were missing or changed at %d checks during the upgrade: %v", len(gone), gone)
 	}
 	mu.Lock()
-	t.Logf("the new pods became ready on %v; at most %d node(s) without a ready nri-accel at once", order, most)
+	t.Logf("new pods seen ready (sampled every 0.3 s) on %v in that order; at most %d node(s) without a ready nri-accel at once", order, most)
 	if most > 1 {
 		t.Errorf("%d nodes were without a ready nri-accel at once during the upgrade, want at most 1 (the DaemonSet's maxUnavailable)", most)
 	}
