@@ -104,7 +104,16 @@ grep -q 'kind: Certificate' "$work/cm.yaml" && grep -q 'cert-manager.io/inject-c
 if "$helm" template nri-accel "$chart" "${wh[@]}" --set roles.webhook.certManager.enabled=true >/dev/null 2>"$work/err"; then
     fail "certManager without an issuerRef rendered"
 fi
-echo "webhook: rolls on config, PDB, spread, cert-manager"
+grep -q 'size(object.spec.resourceClaims) > 0' "$work/wh1.yaml" || fail "pods with DRA claims are not sent to the webhook"
+# VMIs: judged when the cluster serves KubeVirt's CRD (kubevirt: auto), or when forced.
+grep -q 'vmis.accel.nri.io' "$work/wh1.yaml" && fail "the VMI rule is on in a cluster without KubeVirt"
+"$helm" template nri-accel "$chart" "${wh[@]}" --api-versions kubevirt.io/v1/VirtualMachineInstance | grep -q 'vmis.accel.nri.io' \
+    || fail "the VMI rule is off in a cluster that serves kubevirt.io/v1 VirtualMachineInstance"
+"$helm" template nri-accel "$chart" "${wh[@]}" --set roles.webhook.kubevirt=false --api-versions kubevirt.io/v1/VirtualMachineInstance \
+    | grep -q 'vmis.accel.nri.io' && fail "roles.webhook.kubevirt=false left the VMI rule on"
+"$helm" template nri-accel "$chart" "${wh[@]}" --set roles.webhook.kubevirt=true | grep -q 'vmis.accel.nri.io' \
+    || fail "roles.webhook.kubevirt=true did not turn the VMI rule on"
+echo "webhook: rolls on config, PDB, spread, cert-manager; DRA-claim pods; VMIs with KubeVirt's CRD"
 
 bash packaging/helm/render.sh --check
 

@@ -155,9 +155,12 @@ pub fn pool_warnings(config: &Config, inventory: &Inventory) -> Vec<Warning> {
             root: config.discovery.root.clone(),
         });
     }
-    let owner = |d: &Device| pools.iter().position(|p| p.select.matches(d));
+    let owner = |d: &Device| pools.iter().position(|p| p.takes(d));
     for (i, pool) in pools.iter().enumerate() {
-        if let Some(by) = pools[..i].iter().find(|e| covers(&e.select, &pool.select)) {
+        if let Some(by) = pools[..i]
+            .iter()
+            .find(|e| e.passthrough == pool.passthrough && covers(&e.select, &pool.select))
+        {
             out.push(Warning::PoolNeverReached {
                 pool: pool.name.clone(),
                 by: by.name.clone(),
@@ -167,11 +170,7 @@ pub fn pool_warnings(config: &Config, inventory: &Inventory) -> Vec<Warning> {
         if inventory.devices.is_empty() {
             continue;
         }
-        let selected: Vec<&Device> = inventory
-            .devices
-            .iter()
-            .filter(|d| pool.select.matches(d))
-            .collect();
+        let selected: Vec<&Device> = inventory.devices.iter().filter(|d| pool.takes(d)).collect();
         if selected.is_empty() {
             out.push(Warning::PoolSelectsNothing {
                 pool: pool.name.clone(),

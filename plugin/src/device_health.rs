@@ -2,7 +2,8 @@
 //!
 //! A device is unhealthy when something it had when the daemon started is gone: its PCI function
 //! vanished from sysfs, its kernel driver was unbound (or replaced), or one of its device nodes
-//! disappeared. Health is judged against that start-time baseline, so a simulated node whose
+//! disappeared. A VFIO passthrough device (a whole IOMMU group) is unhealthy when any function
+//! of its group is gone or no longer bound to `vfio-pci`. Health is judged against that start-time baseline, so a simulated node whose
 //! device nodes never existed stays healthy. The DRA health service, the ResourceSlice publisher
 //! and the device plugins' ListAndWatch all follow the same [`HealthMonitor`]; it wakes them only
 //! when something changed.
@@ -12,12 +13,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use policies::{Device, Inventory};
+use policies::{Device, Inventory, VfioGroup};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::DiscoveryConfig;
-use crate::discovery::{HostFs, RootFs};
+use crate::discovery::{HostFs, PCI_DEVICES, RootFs, VFIO_PCI};
 
 /// The health of one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,7 +155,11 @@ fn judge(
     rescan: Option<&Inventory>,
     host: &dyn HostFs,
 ) -> DeviceHealth {
-    if let (Some(addr), Some(now)) = (&d.pci_address, rescan) {
+    if let (Some(group), Some(_)) = (&d.vfio, rescan) {
+        if let Some(sick) = judge_group(d, group, host) {
+            return sick;
+        }
+    } else if let (Some(addr), Some(now)) = (&d.pci_address, rescan) {
         let Some(found) = now.devices.iter().find(|n| n.id == d.id) else {
             return DeviceHealth::unhealthy(format!(
                 "device {} (PCI {addr}) is gone from sysfs",
@@ -188,6 +193,41 @@ fn judge(
         }
     }
     DeviceHealth::healthy()
+}
+
+/// A VFIO group is sick when one of its functions is gone from sysfs or no longer bound to
+/// `vfio-pci` (unbound, or bound to a host driver): the group can then no longer be opened
+/// whole. Read from sysfs directly, since a rescan does not offer such a group at all.
+fn judge_group(d: &Device, group: &VfioGroup, host: &dyn HostFs) -> Option<DeviceHealth> {
+    for f in &group.functions {
+        let dir = Path::new(PCI_DEVICES).join(f);
+        if !host.exists(&dir) {
+            return Some(DeviceHealth::unhealthy(format!(
+                "device {} (PCI {f}, IOMMU group {}) is gone from sysfs",
+                d.id, group.group
+            )));
+        }
+        let driver = host
+            .read_link(&dir.join("driver"))
+            .ok()
+            .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string));
+        match driver.as_deref() {
+            Some(VFIO_PCI) => {}
+            None => {
+                return Some(DeviceHealth::unhealthy(format!(
+                    "device {} (PCI {f}, IOMMU group {}) was unbound from its driver {VFIO_PCI}",
+                    d.id, group.group
+                )));
+            }
+            Some(is) => {
+                return Some(DeviceHealth::unhealthy(format!(
+                    "device {} (PCI {f}, IOMMU group {}) is bound to {is} instead of {VFIO_PCI}",
+                    d.id, group.group
+                )));
+            }
+        }
+    }
+    None
 }
 
 /// Re-checks every device periodically and publishes the report when something changed.
@@ -321,6 +361,7 @@ mod tests {
                 minor: 0,
                 permissions: "rw".into(),
             }],
+            vfio: None,
             control_nodes: vec![],
         }
     }
@@ -384,6 +425,93 @@ mod tests {
         assert_eq!(h["a"].cause(), "device-node-gone");
         assert!(h["b"].healthy);
         assert_eq!(h["b"].cause(), "");
+    }
+
+    /// Copies `from` to `to`, links as links.
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            let kind = e.file_type().unwrap();
+            if kind.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
+            } else if kind.is_dir() {
+                copy_tree(&src, &dst);
+            } else {
+                std::fs::copy(&src, &dst).unwrap();
+            }
+        }
+    }
+
+    /// Points `bdf`'s driver link at `driver`, or removes it.
+    fn rebind(root: &Path, bdf: &str, driver: Option<&str>) {
+        let link = root.join("sys/bus/pci/devices").join(bdf).join("driver");
+        let dir = std::fs::canonicalize(link.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(dir.join("driver"));
+        if let Some(d) = driver {
+            std::os::unix::fs::symlink(
+                root.join("sys/bus/pci/drivers").join(d),
+                dir.join("driver"),
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_vfio_group_is_unhealthy_when_any_function_leaves_vfio_pci() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/vfio-passthrough");
+        let root = tempfile::tempdir().unwrap();
+        copy_tree(&fixture, root.path());
+        let cfg = DiscoveryConfig {
+            root: root.path().to_path_buf(),
+            ..DiscoveryConfig::default()
+        };
+        let host = RootFs::new(root.path());
+        let inv = crate::discovery::discover(&host, &cfg).unwrap().inventory;
+        let base = baseline(&inv, &host);
+        let judged = |inv: &Inventory| {
+            let rescan = crate::discovery::discover(&host, &cfg).unwrap().inventory;
+            assess(inv, &base, Some(&rescan), &host)
+        };
+        let h = judged(&inv);
+        assert!(h.values().all(|h| h.healthy), "{h:?}");
+
+        // The audio function of group 34 goes back to its host driver: the whole group is sick,
+        // the other groups are not.
+        rebind(root.path(), "0000:65:00.1", Some("snd_hda_intel"));
+        let h = judged(&inv);
+        let sick = &h["0000:65:00.0"];
+        assert_eq!(
+            sick.reason,
+            "device 0000:65:00.0 (PCI 0000:65:00.1, IOMMU group 34) is bound to snd_hda_intel instead of vfio-pci"
+        );
+        assert_eq!(sick.cause(), "driver-changed");
+        assert!(
+            h["0000:17:00.0"].healthy && h["0000:ca:00.0"].healthy,
+            "{h:?}"
+        );
+
+        // Unbound from any driver.
+        rebind(root.path(), "0000:65:00.1", None);
+        let h = judged(&inv);
+        assert_eq!(h["0000:65:00.0"].cause(), "driver-unbound", "{h:?}");
+
+        // Bound back: healthy again. Then the primary function's group node goes.
+        rebind(root.path(), "0000:65:00.1", Some("vfio-pci"));
+        assert!(judged(&inv)["0000:65:00.0"].healthy);
+        std::fs::create_dir_all(root.path().join("dev/vfio")).unwrap();
+        std::fs::write(root.path().join("dev/vfio/21"), b"").unwrap();
+        let base_with_node = baseline(&inv, &host);
+        std::fs::remove_file(root.path().join("dev/vfio/21")).unwrap();
+        let h = assess(&inv, &base_with_node, None, &host);
+        assert_eq!(h["0000:17:00.0"].cause(), "device-node-gone", "{h:?}");
+
+        // The function vanishes from sysfs.
+        std::fs::remove_file(root.path().join("sys/bus/pci/devices/0000:ca:00.0")).unwrap();
+        let h = judged(&inv);
+        assert_eq!(h["0000:ca:00.0"].cause(), "gone-from-sysfs", "{h:?}");
     }
 
     #[test]

@@ -206,6 +206,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
             select: ids(&["gpu0", "gpu1"]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
         },
         PoolConfig {
@@ -217,6 +218,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
                 compute_percent_per_share: 0,
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
         },
     ];

@@ -48,6 +48,7 @@ fn pools() -> Vec<PoolConfig> {
             select: ids(&["gpu0", "gpu1", "gpu2", "gpu3"]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 2,
+            passthrough: false,
             unhealthy: Default::default(),
         },
         PoolConfig {
@@ -59,6 +60,7 @@ fn pools() -> Vec<PoolConfig> {
                 compute_percent_per_share: 0,
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
         },
         PoolConfig {
@@ -69,6 +71,7 @@ fn pools() -> Vec<PoolConfig> {
                 profiles: nri_accel::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
         },
     ]

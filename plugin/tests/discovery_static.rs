@@ -32,6 +32,7 @@ fn static_device(id: &str, model: &str) -> Device {
             minor: 3,
             permissions: "rw".to_string(),
         }],
+        vfio: None,
         control_nodes: vec![],
     }
 }

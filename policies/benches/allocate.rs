@@ -34,6 +34,7 @@ fn device(i: u32) -> Device {
         compute_units: 132,
         driver: None,
         nodes: Vec::new(),
+        vfio: None,
         control_nodes: Vec::new(),
     }
 }
@@ -61,6 +62,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             select: pick(&[0..8, 32..40]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 1,
+            passthrough: false,
             unhealthy: Default::default(),
         },
         PoolConfig {
@@ -72,6 +74,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
                 compute_percent_per_share: 10,
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
         },
         PoolConfig {
@@ -87,6 +90,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
                 ],
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
         },
     ]

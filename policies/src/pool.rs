@@ -19,6 +19,11 @@ pub struct PoolConfig {
     /// Exclusive CPUs from the device's NUMA node given with each granted device (0 = none).
     #[serde(default)]
     pub cpus_per_device: u32,
+    /// A passthrough pool (docs/vms.md): it takes only VFIO devices (whole IOMMU groups of
+    /// `vfio-pci` functions, [`crate::VfioGroup`]), and every other pool takes none of them. Its
+    /// family must be exclusive: a group goes to one holder, whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passthrough: bool,
     /// What the DRA driver publishes of an unhealthy device of this pool (docs/dra.md, "Device
     /// health"): withdrawn (the default) or tainted. Policies ignore it.
     #[serde(default, skip_serializing_if = "UnhealthyDevices::is_withdraw")]
@@ -58,6 +63,12 @@ impl UnhealthyDevices {
 }
 
 impl PoolConfig {
+    /// Whether `device` belongs to this pool: the selector matches it and it is a VFIO device
+    /// exactly when the pool is a passthrough pool.
+    pub fn takes(&self, device: &Device) -> bool {
+        self.passthrough == device.vfio.is_some() && self.select.matches(device)
+    }
+
     /// A pool of exactly the devices `ids` (every device when empty) handed out by `family`,
     /// without accelerator-local CPUs: the pool fixtures, tests and benches build.
     pub fn of_ids(name: &str, ids: &[&str], family: FamilyConfig) -> PoolConfig {
@@ -69,6 +80,7 @@ impl PoolConfig {
             },
             family,
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: UnhealthyDevices::Withdraw,
         }
     }

@@ -57,6 +57,7 @@ impl Default for Config {
                 select: Default::default(),
                 family: FamilyConfig::Exclusive,
                 cpus_per_device: 0,
+                passthrough: false,
                 unhealthy: Default::default(),
             }],
             reconcile_interval_secs: 300,
@@ -363,6 +364,10 @@ pub struct DevicePluginConfig {
     /// slices. A sliced pool without a layout is advertised whole devices; a layout with
     /// several profiles gives one resource per profile, `<prefix>/<pool>-<profile>`.
     pub slice_layouts: BTreeMap<String, Vec<SliceAt>>,
+    /// Resource names by pool that replace `<resource_prefix>/<pool>`, e.g. the
+    /// `vendor.com/model` name KubeVirt's `permittedHostDevices` lists for a passthrough pool
+    /// (docs/vms.md). A pool whose slice layout mixes profiles cannot be renamed.
+    pub resource_names: BTreeMap<String, String>,
     /// Also answer Allocate with device nodes, env and mounts, for runtimes without CDI (CDI
     /// device names are always answered).
     pub device_nodes: bool,
@@ -384,6 +389,7 @@ impl Default for DevicePluginConfig {
             dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
             pools: Vec::new(),
             slice_layouts: BTreeMap::new(),
+            resource_names: BTreeMap::new(),
             device_nodes: false,
             unused_grace_secs: 60,
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,

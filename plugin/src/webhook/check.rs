@@ -223,6 +223,7 @@ fn model(devices: &[Published], rules: &Rules) -> Option<Node> {
                 },
                 family: config.family.clone(),
                 cpus_per_device: 0,
+                passthrough: false,
                 unhealthy: Default::default(),
             });
         }

@@ -73,6 +73,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             select: select(0..e),
             family: FamilyConfig::Exclusive,
             cpus_per_device: layout.cpus_per_device,
+            passthrough: false,
             unhealthy: Default::default(),
         });
     }
@@ -86,6 +87,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
                 compute_percent_per_share: 1,
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
         });
     }
@@ -98,6 +100,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
                 profiles: nri_accel::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
         });
     }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use policies::{FamilyConfig, Node, PoolConfig, Unit};
 
 use crate::config::DevicePluginConfig;
-use crate::config::device_plugin::{profiles, resource_names, sanitize, served};
+use crate::config::device_plugin::{kubevirt_pci_env, profiles, resource_names, sanitize, served};
 
 /// One advertised device: a unit of a device of the resource's pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +36,9 @@ pub struct Resource {
     pub socket: String,
     /// What it advertises, sorted by device then unit.
     pub devices: Vec<Advertised>,
+    /// For a passthrough pool: the env variable KubeVirt reads the allocated devices' PCI
+    /// addresses from (`PCI_RESOURCE_<NAME>`, docs/vms.md), set by every Allocate.
+    pub kubevirt_env: Option<String>,
     /// Device ID -> index in `devices`.
     index: BTreeMap<String, usize>,
 }
@@ -53,6 +56,7 @@ impl Resource {
             pool,
             socket,
             devices,
+            kubevirt_env: None,
             index,
         }
     }
@@ -135,7 +139,11 @@ pub fn plan(cfg: &DevicePluginConfig, pools: &[PoolConfig], node: &Node) -> Vec<
             }
             let tail = name.rsplit('/').next().unwrap_or(&name);
             let socket = format!("nri-accel-{}.sock", sanitize(tail));
-            out.push(Resource::new(name, pool.name.clone(), socket, advertised));
+            let mut r = Resource::new(name, pool.name.clone(), socket, advertised);
+            if pool.passthrough {
+                r.kubevirt_env = Some(kubevirt_pci_env(&r.name));
+            }
+            out.push(r);
         }
     }
     out
@@ -161,6 +169,7 @@ mod tests {
             compute_units: 0,
             driver: None,
             nodes: vec![],
+            vfio: None,
             control_nodes: vec![],
         }
     }

@@ -318,7 +318,8 @@ impl DevicePlugins {
 
     /// The kubelet's Allocate of `ids` for one container of resource `i`: a claim of exactly
     /// those units through the engine, answered with its CDI device names (and device nodes,
-    /// env and mounts when `device_nodes` is set).
+    /// env and mounts when `device_nodes` is set), and for a passthrough pool the env KubeVirt
+    /// reads the PCI addresses from.
     pub async fn allocate(
         &self,
         i: usize,
@@ -418,6 +419,24 @@ impl DevicePlugins {
                 .collect(),
             ..Default::default()
         };
+        if let Some(env) = &r.kubevirt_env {
+            // KubeVirt's external providers: one PCI address per device, comma-separated; for an
+            // IOMMU group, the function the VM is given it by (docs/vms.md).
+            let addresses: Vec<String> = self.engine.with_node(|n| {
+                set.iter()
+                    .filter_map(|id| r.get(id))
+                    .filter_map(|a| n.inventory().device(&a.device_id))
+                    .filter_map(|d| {
+                        d.vfio
+                            .as_ref()
+                            .and_then(|g| g.primary())
+                            .or(d.pci_address.as_deref())
+                            .map(str::to_string)
+                    })
+                    .collect()
+            });
+            answer.envs.insert(env.clone(), addresses.join(","));
+        }
         if self.cfg.device_nodes {
             let edits = self.engine.with_node(|n| n.edits(&uid)).unwrap_or_default();
             let mut paths = BTreeSet::new();
