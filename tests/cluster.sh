@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The cluster suite: nri-accel on a real single-node Kubernetes (tests/README.md, "The cluster
-# suite"). Builds the peers (etcd, Kubernetes, containerd; cached by tests/peers/build.sh) and
-# nri-accel's release binary unless NRI_ACCEL_BIN names one, then:
+# The cluster suite: nri-accel on a real single-node Kubernetes, and on a fleet of several real
+# nodes (tests/README.md, "The cluster suite"). Builds the peers (etcd, Kubernetes, containerd;
+# cached by tests/peers/build.sh) and nri-accel's release binary unless NRI_ACCEL_BIN names one,
+# then:
 #   cluster.sh test [go test flags]   the scenarios on each version of NRI_ACCEL_CLUSTER_KUBE
 #                                      (default v1.34.4,v1.37.2), e.g. -run 'TestCluster/v1.34.4'
 #   NRI_ACCEL_CLUSTER_BENCH=1 cluster.sh test -run TestClusterBench
 #                                      the benchmark of a DRA pod's start (skipped otherwise)
-#   cluster.sh up                      one cluster (the first version) kept up until Ctrl-C;
+#   NRI_ACCEL_CLUSTER_FLEET=full cluster.sh test -run TestClusterFleet
+#                                      every fleet scenario on NRI_ACCEL_CLUSTER_NODES nodes
+#                                      (default 3; without it: two nodes, placement and drain)
+#   cluster.sh up                      one cluster (the first version) kept up until Ctrl-C
+#                                      (NRI_ACCEL_CLUSTER_NODES=3: a fleet, the chart on every node);
 #                                      it prints the env file that points kubectl at it
 # Needs root. Only one real-runtime suite may run at a time on a machine (containerd instances
 # share /run/containerd/s): run it under `flock /tmp/nri-accel-runtime.lock` where others run.

@@ -9,6 +9,7 @@ package cluster
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,6 +95,13 @@ type Options struct {
 	// ExtraGates are turned on too, where a component lists them (scenario k: an alpha gate
 	// the other scenarios leave at its default).
 	ExtraGates []string
+	// Nodes is how many nodes the cluster has (fleet_test.go). 0 or 1: the single node
+	// nodeName, on the machine's network, as every scenario but the fleet's uses. From 2: nodes
+	// fleet-1 .. fleet-N, each in mount and network namespaces of its own, with its own
+	// containerd, kubelet and fake devices, and nothing of nri-accel on them (the fleet installs
+	// the chart); the controller-manager and the apiserver then declare a node lost and evict its
+	// pods within about 30 s (fleetFlags).
+	Nodes int
 }
 
 // Cluster is one single-node cluster under Dir.
@@ -132,6 +140,28 @@ type Cluster struct {
 	madeDirs []string
 	CPUs     string
 	t        *testing.T
+
+	// The fleet (Options.Nodes > 1, fleet_test.go). Nodes are the cluster's nodes, the first
+	// being c itself; each of the others is a Cluster too, sharing c's control plane (its
+	// Server, Admin and CA) and holding its own node's fields (Dir, NodeNS, Containerd, Kubelet,
+	// CDIDir, ...). NodeName is the node's name ("": nodeName), NodeIP its address in its own
+	// network namespace ("": the machine's network), podSubnet the first octets of its pods'
+	// addresses ("": 10.244.). control is the cluster a node belongs to (nil on the first).
+	Nodes     []*Cluster
+	NodeName  string
+	NodeIP    string
+	podSubnet string
+	control   *Cluster
+	// forwards are the node's listeners for the apiserver in its network namespace.
+	forwards []io.Closer
+}
+
+// node is the name of c's node in Kubernetes.
+func (c *Cluster) node() string {
+	if c.NodeName != "" {
+		return c.NodeName
+	}
+	return nodeName
 }
 
 // Start brings the cluster of Kubernetes `version` up under a new temp dir and registers its
@@ -165,17 +195,18 @@ func Start(t *testing.T, version string, opts Options) *Cluster {
 		"kubernetes", "kubernetes.default", "kubernetes.default.svc")
 	kcCert, kcKey := c.pki.issue(t, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"})
 	c.Gates = map[string]string{}
-	c.APIServer = startProc(t, "kube-apiserver", filepath.Join(dir, "kube-apiserver.log"), nil,
+	c.APIServer = startProc(t, "kube-apiserver", filepath.Join(dir, "kube-apiserver.log"), nil, append([]string{
 		filepath.Join(kubeBin, "kube-apiserver"),
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", ec), "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", ap),
 		"--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-		"--tls-cert-file="+srvCert, "--tls-private-key-file="+srvKey, "--client-ca-file="+c.pki.CA,
-		"--kubelet-client-certificate="+kcCert, "--kubelet-client-key="+kcKey, "--kubelet-certificate-authority="+c.pki.CA,
+		"--tls-cert-file=" + srvCert, "--tls-private-key-file=" + srvKey, "--client-ca-file=" + c.pki.CA,
+		"--kubelet-client-certificate=" + kcCert, "--kubelet-client-key=" + kcKey, "--kubelet-certificate-authority=" + c.pki.CA,
 		"--kubelet-preferred-address-types=InternalIP",
-		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file="+c.pki.SAPub,
-		"--service-account-signing-key-file="+c.pki.SAKey, "--service-cluster-ip-range=10.96.0.0/24",
+		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + c.pki.SAPub,
+		"--service-account-signing-key-file=" + c.pki.SAKey, "--service-cluster-ip-range=10.96.0.0/24",
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
-		"--profiling=false", "--feature-gates="+c.gatesFor(t, "kube-apiserver"), "--runtime-config="+c.runtimeConfig())
+		"--profiling=false", "--feature-gates=" + c.gatesFor(t, "kube-apiserver"), "--runtime-config=" + c.runtimeConfig()},
+		c.fleetFlags("kube-apiserver")...)...)
 	c.Admin = c.pki.kubeconfig(t, "admin", c.Server, "nri-accel-cluster-admin", "system:masters")
 	if !waitFor(90*time.Second, func() bool {
 		out, err := c.kubectlErr("get", "--raw", "/readyz")
@@ -185,12 +216,13 @@ func Start(t *testing.T, version string, opts Options) *Cluster {
 	}
 
 	cmKube := c.pki.kubeconfig(t, "controller-manager", c.Server, "system:kube-controller-manager")
-	c.ControllerManager = startProc(t, "kube-controller-manager", filepath.Join(dir, "kube-controller-manager.log"), nil,
+	c.ControllerManager = startProc(t, "kube-controller-manager", filepath.Join(dir, "kube-controller-manager.log"), nil, append([]string{
 		filepath.Join(kubeBin, "kube-controller-manager"),
-		"--kubeconfig="+cmKube, "--authentication-kubeconfig="+cmKube, "--authorization-kubeconfig="+cmKube,
+		"--kubeconfig=" + cmKube, "--authentication-kubeconfig=" + cmKube, "--authorization-kubeconfig=" + cmKube,
 		"--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false",
-		"--service-account-private-key-file="+c.pki.SAKey, "--root-ca-file="+c.pki.CA, "--use-service-account-credentials=true",
-		"--controllers=*", "--feature-gates="+c.gatesFor(t, "kube-controller-manager"))
+		"--service-account-private-key-file=" + c.pki.SAKey, "--root-ca-file=" + c.pki.CA, "--use-service-account-credentials=true",
+		"--controllers=*", "--feature-gates=" + c.gatesFor(t, "kube-controller-manager")},
+		c.fleetFlags("kube-controller-manager")...)...)
 	schedKube := c.pki.kubeconfig(t, "scheduler", c.Server, "system:kube-scheduler")
 	c.Scheduler = startProc(t, "kube-scheduler", filepath.Join(dir, "kube-scheduler.log"), nil,
 		filepath.Join(kubeBin, "kube-scheduler"),
@@ -202,11 +234,15 @@ func Start(t *testing.T, version string, opts Options) *Cluster {
 	c.CDIDir = filepath.Join(dir, "cdi")
 	c.AccelDir = filepath.Join(dir, "nri-accel")
 	c.StateDir, c.RunDir = filepath.Join(c.AccelDir, "state"), filepath.Join(c.AccelDir, "run")
-	c.startNodeNamespace(t)
-	c.startContainerd(t, ctrdBin)
-	c.startKubelet(t)
-	if !opts.NoHostAccel {
-		c.startAccel(t)
+	if opts.Nodes > 1 {
+		c.startFleet(t, ctrdBin)
+	} else {
+		c.startNodeNamespace(t)
+		c.startContainerd(t, ctrdBin)
+		c.startKubelet(t)
+		if !opts.NoHostAccel {
+			c.startAccel(t)
+		}
 	}
 	// Pods are refused until the controller-manager made the namespace's service account.
 	if !waitFor(60*time.Second, func() bool {
@@ -287,8 +323,11 @@ func (c *Cluster) apply(yaml string) {
 // mounts, device nodes) and the temp dir, unless NRI_ACCEL_CLUSTER_KEEP is set, when the dir
 // stays for reading. A failed test's logs are copied under tests/results first.
 func (c *Cluster) Teardown() {
-	if c.t.Failed() {
+	if c.t.Failed() && c.control == nil {
 		c.keepLogs()
+	}
+	for _, f := range c.forwards {
+		f.Close()
 	}
 	for _, p := range []*proc{c.Kubelet, c.Accel, c.Scheduler, c.ControllerManager, c.APIServer, c.Etcd} {
 		if p != nil {
@@ -329,6 +368,11 @@ func (c *Cluster) keepLogs() {
 	files = append(files, more...)
 	more, _ = filepath.Glob(filepath.Join(c.Dir, "*.toml"))
 	files = append(files, more...)
+	// The fleet's other nodes (fleet_test.go): their logs, configs and containers' logs.
+	for _, pat := range []string{"node-*/*.log", "node-*/*.toml", "node-*/*.yaml", "node-*/pod-logs/*/*/*.log"} {
+		more, _ = filepath.Glob(filepath.Join(c.Dir, pat))
+		files = append(files, more...)
+	}
 	// The containers' logs (nri-accel's own when it runs in a pod: scenario i).
 	more, _ = filepath.Glob(filepath.Join(c.Dir, "pod-logs", "*", "*", "*.log"))
 	files = append(files, more...)

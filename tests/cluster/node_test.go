@@ -100,18 +100,23 @@ const devicePluginPath = "/var/lib/kubelet/device-plugins"
 // (tests/README.md, "The cluster suite"), and waits until the Node is Ready.
 func (c *Cluster) startKubelet(t *testing.T) {
 	t.Helper()
-	kubeconfig := c.pki.kubeconfig(t, "kubelet", c.Server, "system:node:"+nodeName, "system:nodes")
+	kubeconfig := c.pki.kubeconfig(t, "kubelet", c.Server, "system:node:"+c.node(), "system:nodes")
 	// The apiserver reaches the kubelet (exec, logs) at the Node's InternalIP, which the kubelet
-	// takes from the machine's interfaces: every non-loopback address is in its certificate.
-	hosts := []string{"127.0.0.1", nodeName}
-	if addrs, err := net.InterfaceAddrs(); err == nil {
+	// takes from the machine's interfaces: every non-loopback address is in its certificate. A
+	// fleet's node has its own address in its own network namespace (fleet_test.go).
+	hosts := []string{"127.0.0.1", c.node()}
+	var nodeIP []string
+	if c.NodeIP != "" {
+		hosts = append(hosts, c.NodeIP)
+		nodeIP = []string{"--node-ip=" + c.NodeIP}
+	} else if addrs, err := net.InterfaceAddrs(); err == nil {
 		for _, a := range addrs {
 			if ip, ok := a.(*net.IPNet); ok && !ip.IP.IsLoopback() {
 				hosts = append(hosts, ip.IP.String())
 			}
 		}
 	}
-	srvCert, srvKey := c.pki.issue(t, "kubelet-server", "system:node:"+nodeName, []string{"system:nodes"}, hosts...)
+	srvCert, srvKey := c.pki.issue(t, "kubelet-server", "system:node:"+c.node(), []string{"system:nodes"}, hosts...)
 	gates := c.gatesFor(t, "kubelet")
 	var gateYAML strings.Builder
 	for _, g := range strings.Split(gates, ",") {
@@ -158,16 +163,16 @@ featureGates:%s
 	must(t, os.WriteFile(cfgPath, []byte(cfg), 0o644))
 
 	c.Kubelet = startProc(t, "kubelet", filepath.Join(c.Dir, "kubelet.log"), nil,
-		c.inNode(filepath.Join(c.KubeBin, "kubelet"), "--config="+cfgPath, "--kubeconfig="+kubeconfig,
-			"--root-dir="+c.KubeletDir, "--hostname-override="+nodeName, "--v=2")...)
+		c.inNode(append([]string{filepath.Join(c.KubeBin, "kubelet"), "--config=" + cfgPath, "--kubeconfig=" + kubeconfig,
+			"--root-dir=" + c.KubeletDir, "--hostname-override=" + c.node(), "--v=2"}, nodeIP...)...)...)
 	if !waitFor(120*time.Second, func() bool { return c.nodeReady() || !c.Kubelet.Running() }) || !c.Kubelet.Running() {
-		t.Fatalf("node %s did not become Ready:\n%s", nodeName, tail(c.Kubelet.Log, 60))
+		t.Fatalf("node %s did not become Ready:\n%s", c.node(), tail(c.Kubelet.Log, 60))
 	}
 }
 
 // nodeReady reports whether the Node's Ready condition is True.
 func (c *Cluster) nodeReady() bool {
-	out, err := c.kubectlErr("get", "node", nodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+	out, err := c.kubectlErr("get", "node", c.node(), "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 	return err == nil && out == "True"
 }
 
@@ -227,7 +232,7 @@ func (c *Cluster) startAccel(t *testing.T) {
 		}
 	}
 	token := strings.TrimSpace(c.kubectl("create", "token", "nri-accel", "-n", "nri-accel",
-		"--bound-object-kind", "Node", "--bound-object-name", nodeName, "--duration", "24h"))
+		"--bound-object-kind", "Node", "--bound-object-name", c.node(), "--duration", "24h"))
 	kubeconfig := c.pki.tokenKubeconfig(t, "nri-accel", c.Server, token)
 
 	inventory := c.makeInventory(t)
@@ -237,7 +242,7 @@ func (c *Cluster) startAccel(t *testing.T) {
 	if !c.Opts.NoDRA {
 		fmt.Fprintf(&b, "dra:\n  enabled: true\n  driver_name: accel.nri.io\n  plugins_registry_dir: %s\n  plugins_dir: %s\n"+
 			"kubernetes:\n  node_name: %s\n  kubeconfig: %s\n",
-			filepath.Join(c.KubeletDir, "plugins_registry"), filepath.Join(c.KubeletDir, "plugins"), nodeName, kubeconfig)
+			filepath.Join(c.KubeletDir, "plugins_registry"), filepath.Join(c.KubeletDir, "plugins"), c.node(), kubeconfig)
 	}
 	if c.Opts.DevicePlugin {
 		fmt.Fprintf(&b, "device_plugin:\n  enabled: true\n  dir: %s\n", filepath.Join(c.KubeletDir, "device-plugins"))
@@ -397,7 +402,7 @@ func (c *Cluster) ExecIn(ns, pod, container string, cmd ...string) (string, erro
 
 // allocatable answers the Node's allocatable count of an extended resource (0 when absent).
 func (c *Cluster) allocatable(resource string) int {
-	out, err := c.kubectlErr("get", "node", nodeName, "-o", "jsonpath={.status.allocatable."+strings.ReplaceAll(resource, ".", "\\.")+"}")
+	out, err := c.kubectlErr("get", "node", c.node(), "-o", "jsonpath={.status.allocatable."+strings.ReplaceAll(resource, ".", "\\.")+"}")
 	if err != nil {
 		return 0
 	}

@@ -25,7 +25,7 @@ import (
 
 // nodePaths maps each standard node path to its dir under the cluster's temp dir.
 func (c *Cluster) nodePaths() map[string]string {
-	return map[string]string{
+	paths := map[string]string{
 		"/var/run/nri":                      filepath.Join(c.Dir, "nri"),
 		"/var/run/cdi":                      c.CDIDir,
 		"/var/lib/nri-accel":                c.StateDir,
@@ -35,6 +35,11 @@ func (c *Cluster) nodePaths() map[string]string {
 		// The device plugin API fixes the kubelet's socket here whatever --root-dir says.
 		devicePluginPath: filepath.Join(c.KubeletDir, "device-plugins"),
 	}
+	if c.NodeIP != "" {
+		// A fleet's node sees its own fake devices at the path the fleet's one config names.
+		paths[fleetDevDir] = c.Devs.Dir
+	}
+	return paths
 }
 
 // startNodeNamespace starts the holder of the node's mount namespace and waits until its binds
@@ -78,9 +83,17 @@ func (c *Cluster) startNodeNamespace(t *testing.T) {
 		binds = append(binds, fmt.Sprintf("mkdir -p %s && mount --bind %s %s", dst, paths[dst], dst))
 	}
 	ready := filepath.Join(c.Dir, "node-namespace.ready")
+	unshare := []string{"unshare", "--mount", "--propagation", "private"}
+	if c.NodeIP != "" {
+		// A fleet's node: a network namespace of its own too, with lo and the node's address
+		// (fleet_test.go).
+		unshare = append(unshare, "--net")
+		binds = append([]string{"ip link set lo up", "ip link add eth0 type bridge",
+			"ip addr add " + c.NodeIP + "/24 dev eth0", "ip link set eth0 up"}, binds...)
+	}
 	script := "set -e; " + strings.Join(binds, "; ") + "; touch " + ready + "; exec sleep 2147483647"
 	c.NodeNS = startProc(t, "node-namespace", filepath.Join(c.Dir, "node-namespace.log"), nil,
-		"unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script)
+		append(unshare, "--", "sh", "-c", script)...)
 	if !waitFor(20*time.Second, func() bool {
 		_, err := os.Stat(ready)
 		return err == nil || !c.NodeNS.Running()

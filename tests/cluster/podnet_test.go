@@ -97,7 +97,12 @@ func (c *Cluster) startPodNet(t *testing.T, binDir, confDir string) {
 	}
 	must(t, os.MkdirAll(binDir, 0o755))
 	must(t, os.MkdirAll(confDir, 0o755))
-	must(t, os.WriteFile(filepath.Join(binDir, cniPluginName), []byte(fmt.Sprintf(cniPlugin, d, serviceIP)), 0o755))
+	plugin := cniPlugin
+	if c.podSubnet != "" {
+		// A fleet's node hands out addresses of its own (fleet_test.go).
+		plugin = strings.ReplaceAll(plugin, "10.244.", c.podSubnet)
+	}
+	must(t, os.WriteFile(filepath.Join(binDir, cniPluginName), []byte(fmt.Sprintf(plugin, d, serviceIP)), 0o755))
 	must(t, os.WriteFile(filepath.Join(binDir, "loopback"), []byte(cniLoopback), 0o755))
 	must(t, os.WriteFile(filepath.Join(confDir, "10-"+cniPluginName+".conflist"), []byte(
 		`{"cniVersion":"1.0.0","name":"`+cniPluginName+`","plugins":[{"type":"`+cniPluginName+`"}]}`), 0o644))

@@ -20,7 +20,19 @@ func TestUp(t *testing.T) {
 	if os.Getenv("NRI_ACCEL_CLUSTER_UP") == "" {
 		t.Skip("SKIPPED: TestUp keeps a cluster up for debugging; run it with sudo bash tests/cluster.sh up")
 	}
-	c := Start(t, kubeVersions()[0], Options{DevicePlugin: os.Getenv("NRI_ACCEL_CLUSTER_DEVICE_PLUGIN") != ""})
+	opts := Options{DevicePlugin: os.Getenv("NRI_ACCEL_CLUSTER_DEVICE_PLUGIN") != ""}
+	if os.Getenv("NRI_ACCEL_CLUSTER_NODES") != "" {
+		// A fleet with the chart installed on every node (fleet_test.go, o_fleet_test.go).
+		opts = Options{Nodes: fleetNodes(t, 3), NoHostAccel: true}
+	}
+	c := Start(t, kubeVersions()[0], opts)
+	if len(c.Nodes) > 1 {
+		installFleet(t, c)
+		for _, n := range c.Nodes {
+			fmt.Printf("node %s: %s, nri-accel status --config %s\n", n.NodeName, n.Dir, n.AccelCfg)
+		}
+		fmt.Printf("the apiserver's audit log: %s\n", c.auditLog())
+	}
 	env := filepath.Join(c.Dir, "env.sh")
 	must(t, os.WriteFile(env, []byte(fmt.Sprintf("export KUBECONFIG=%s\nexport PATH=%s:$PATH\nexport NRI_ACCEL_CONFIG=%s\n",
 		c.Admin, c.KubeBin, c.AccelCfg)), 0o644))
