@@ -42,3 +42,27 @@ fn bad_values_are_refused_where_they_are() {
     let e = load("kubernetes:\n  node: x\n").unwrap_err();
     assert!(e.contains("node"), "{e}");
 }
+
+/// Every request to the API server names nri-accel (the audit log showed an empty User-Agent,
+/// so its requests could only be told from the kubelet's by identity).
+#[tokio::test]
+async fn requests_carry_nri_accels_user_agent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 8192];
+        let n = s.read(&mut buf).await.unwrap();
+        let _ = s
+            .write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n")
+            .await;
+        String::from_utf8_lossy(&buf[..n]).to_lowercase()
+    });
+    let client =
+        nri_accel::kube::KubeClient::for_url(&url, std::time::Duration::from_secs(5)).unwrap();
+    let _ = client.list_device_classes().await;
+    let head = server.await.unwrap();
+    let want = format!("user-agent: nri-accel/{}", env!("CARGO_PKG_VERSION"));
+    assert!(head.contains(&want), "{head}");
+}
