@@ -5,7 +5,9 @@
 //! disappeared. Health is judged against that start-time baseline, so a simulated node whose
 //! device nodes never existed stays healthy. The DRA health service, the ResourceSlice publisher
 //! and the device plugins' ListAndWatch all follow the same [`HealthMonitor`]; it wakes them only
-//! when something changed.
+//! when something changed. A device of a shared pool in MPS mode also needs its MPS control
+//! daemon's pipe directory: while that is missing the device is unhealthy (whatever it was at
+//! start), and it heals when the directory appears.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,7 +40,8 @@ impl DeviceHealth {
     }
 
     /// Why it is unhealthy as a label value (a taint's value, docs/dra.md "Device health"):
-    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, or
+    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`,
+    /// `mps-pipe-missing`, or
     /// `unhealthy` for a reason this module did not word; empty when healthy.
     pub fn cause(&self) -> &'static str {
         let r = self.reason.as_str();
@@ -48,6 +51,7 @@ impl DeviceHealth {
             () if r.contains(") was unbound from its driver ") => "driver-unbound",
             () if r.contains(") is bound to ") => "driver-changed",
             () if r.starts_with("device node ") && r.ends_with(" is gone") => "device-node-gone",
+            () if r.starts_with("the MPS pipe directory ") => "mps-pipe-missing",
             () => "unhealthy",
         }
     }
@@ -105,10 +109,17 @@ struct Baseline {
     driver: Option<String>,
     /// Device nodes (host paths) that existed then.
     nodes: Vec<String>,
+    /// The MPS pipe directory (host path) the device's pool names, which must exist.
+    mps_pipe: Option<String>,
 }
 
-/// What each device had at start, read through `host`.
-fn baseline(inventory: &Inventory, host: &dyn HostFs) -> BTreeMap<String, Baseline> {
+/// What each device had at start, read through `host`; `mps_pipes` maps the devices of shared
+/// pools in MPS mode to their pool's pipe directory.
+fn baseline(
+    inventory: &Inventory,
+    host: &dyn HostFs,
+    mps_pipes: &BTreeMap<String, String>,
+) -> BTreeMap<String, Baseline> {
     inventory
         .devices
         .iter()
@@ -124,6 +135,7 @@ fn baseline(inventory: &Inventory, host: &dyn HostFs) -> BTreeMap<String, Baseli
                 Baseline {
                     driver: d.driver.clone(),
                     nodes,
+                    mps_pipe: mps_pipes.get(&d.id).cloned(),
                 },
             )
         })
@@ -187,7 +199,19 @@ fn judge(
             ));
         }
     }
+    if let Some(pipe) = base.and_then(|b| b.mps_pipe.as_ref())
+        && !host.is_dir(Path::new(pipe))
+    {
+        return DeviceHealth::unhealthy(mps_pipe_missing(pipe, &d.id));
+    }
     DeviceHealth::healthy()
+}
+
+/// The sentence for a device whose MPS pipe directory is missing.
+pub fn mps_pipe_missing(pipe: &str, device: &str) -> String {
+    format!(
+        "the MPS pipe directory {pipe} of device {device} is missing: start the pool's MPS control daemon with CUDA_MPS_PIPE_DIRECTORY={pipe} (nvidia-cuda-mps-control -d); until then the device is not handed out"
+    )
 }
 
 /// Re-checks every device periodically and publishes the report when something changed.
@@ -210,8 +234,20 @@ impl HealthMonitor {
         inventory: Inventory,
         every: Duration,
     ) -> (HealthMonitor, JoinHandle<()>) {
+        Self::start_with_mps(cfg, inventory, &BTreeMap::new(), every)
+    }
+
+    /// As [`HealthMonitor::start`], and each device in `mps_pipes` (device id -> its shared
+    /// pool's MPS pipe directory, a host path under `cfg.root`) is unhealthy while that
+    /// directory is missing.
+    pub fn start_with_mps(
+        cfg: &DiscoveryConfig,
+        inventory: Inventory,
+        mps_pipes: &BTreeMap<String, String>,
+        every: Duration,
+    ) -> (HealthMonitor, JoinHandle<()>) {
         let host = RootFs::new(&cfg.root);
-        let baselines = baseline(&inventory, &host);
+        let baselines = baseline(&inventory, &host, mps_pipes);
         let first = HealthReport {
             devices: assess(&inventory, &baselines, None, &host),
             checked_at: SystemTime::now(),
@@ -337,7 +373,7 @@ mod tests {
             devices: vec![a.clone(), b.clone()],
             cpus: Default::default(),
         };
-        let base = baseline(&inv, &host);
+        let base = baseline(&inv, &host, &BTreeMap::new());
         // Nothing changed: healthy (b's node never existed: nothing to lose).
         let same = assess(&inv, &base, Some(&inv), &host);
         assert!(same.values().all(|h| h.healthy), "{same:?}");
@@ -384,6 +420,36 @@ mod tests {
         assert_eq!(h["a"].cause(), "device-node-gone");
         assert!(h["b"].healthy);
         assert_eq!(h["b"].cause(), "");
+    }
+
+    #[test]
+    fn a_missing_mps_pipe_directory_is_unhealthy_until_it_appears() {
+        let root = tempfile::tempdir().unwrap();
+        let host = RootFs::new(root.path());
+        let a = dev("a", None, None, "/dev/nvidia0");
+        let b = dev("b", None, None, "/dev/nvidia1");
+        let inv = Inventory {
+            devices: vec![a, b],
+            cpus: Default::default(),
+        };
+        let pipes = [("a".to_string(), "/run/nvidia/mps".to_string())].into();
+        let base = baseline(&inv, &host, &pipes);
+        // Missing from the start: unhealthy, with the sentence; b has no MPS pool.
+        let h = assess(&inv, &base, None, &host);
+        assert_eq!(h["a"].reason, mps_pipe_missing("/run/nvidia/mps", "a"));
+        assert_eq!(h["a"].cause(), "mps-pipe-missing");
+        assert!(h["b"].healthy, "{h:?}");
+        // A file is no directory.
+        std::fs::create_dir_all(root.path().join("run/nvidia")).unwrap();
+        std::fs::write(root.path().join("run/nvidia/mps"), b"").unwrap();
+        assert!(!assess(&inv, &base, None, &host)["a"].healthy);
+        // The daemon made its directory: healed.
+        std::fs::remove_file(root.path().join("run/nvidia/mps")).unwrap();
+        std::fs::create_dir(root.path().join("run/nvidia/mps")).unwrap();
+        assert!(assess(&inv, &base, None, &host)["a"].healthy);
+        // Gone again (the daemon stopped and its directory was removed).
+        std::fs::remove_dir(root.path().join("run/nvidia/mps")).unwrap();
+        assert!(!assess(&inv, &base, None, &host)["a"].healthy);
     }
 
     #[test]
