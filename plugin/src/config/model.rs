@@ -324,6 +324,10 @@ pub struct DraConfig {
     /// Write each prepared device's entry in its ResourceClaim's `status.devices` (KEP-4817)
     /// and remove it at unprepare.
     pub claim_status: bool,
+    /// Write the KEP-5304 device metadata of each prepared request
+    /// (`<plugins_dir>/<driver_name>/dra-device-metadata/`) and mount it into the containers
+    /// through the claim's CDI spec (docs/dra.md, "Device metadata").
+    pub device_metadata: bool,
 }
 
 impl Default for DraConfig {
@@ -336,6 +340,7 @@ impl Default for DraConfig {
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
             claim_status: true,
+            device_metadata: true,
         }
     }
 }

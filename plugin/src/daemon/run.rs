@@ -361,8 +361,13 @@ impl Daemon {
         let device_health = match config.discovery.health_check_secs {
             0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
             secs => {
-                let (monitor, task) =
-                    HealthMonitor::start(&config.discovery, inventory, Duration::from_secs(secs));
+                let mps_pipes = mps_pipes(config, &engine.snapshot());
+                let (monitor, task) = HealthMonitor::start_with_mps(
+                    &config.discovery,
+                    inventory,
+                    &mps_pipes,
+                    Duration::from_secs(secs),
+                );
                 tasks.push(task);
                 monitor
             }
@@ -399,8 +404,15 @@ impl Daemon {
                     Arc::new(super::dra::ClaimStatusObserver::new(w, &engine))
                         as Arc<dyn crate::kubelet::PrepareObserver>
                 }),
+                attributes: kube.as_ref().map(|k| k.attributes()),
             };
-            Some(super::dra::start(config, &agent, parts)?)
+            let driver = super::dra::start(config, &agent, parts)?;
+            // Device metadata of claims without a record (a crash after the files and before
+            // the spec, or during an unprepare) goes before any new prepare can be answered.
+            if let Err(e) = engine.sweep_claim_files().await {
+                tracing::error!(error = %e, "the sweep of orphaned device metadata failed; it runs again with the next reconciliation");
+            }
+            Some(driver)
         } else {
             None
         };
@@ -810,4 +822,28 @@ fn device_health_status(report: &HealthReport) -> serde_json::Value {
         .map(|(id, h)| (id.clone(), serde_json::Value::String(h.reason.clone())))
         .collect();
     serde_json::json!({ "checked_at": checked_at, "unhealthy": unhealthy })
+}
+
+/// Device id -> the MPS pipe directory its pool names, for the devices of shared pools in MPS
+/// mode (the health check makes them unhealthy while the directory is missing).
+fn mps_pipes(
+    config: &Config,
+    snapshot: &policies::Snapshot,
+) -> std::collections::BTreeMap<String, String> {
+    snapshot
+        .pools
+        .iter()
+        .filter_map(|p| {
+            let pool = config.pools.iter().find(|c| c.name == p.name)?;
+            match &pool.family {
+                policies::FamilyConfig::Shared { mps: Some(m), .. } => Some((p, m)),
+                _ => None,
+            }
+        })
+        .flat_map(|(p, m)| {
+            p.devices
+                .iter()
+                .map(|d| (d.id.clone(), m.pipe_directory.clone()))
+        })
+        .collect()
 }

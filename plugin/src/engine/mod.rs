@@ -21,6 +21,7 @@
 //! lock and the CDI dir are still what it opened (`identity`, issue 39).
 
 mod ask;
+mod claim_files;
 mod claim_locks;
 mod claim_names;
 mod crash;
@@ -44,6 +45,7 @@ use serde::Serialize;
 use crate::checkpoint::{Change, Checkpoint, CheckpointOptions, Loaded};
 
 pub use ask::{ResultRef, check_results, describe, describe_held, describe_holding, same_ask};
+pub use claim_files::ClaimFiles;
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use claim_names::{ClaimCall, ClaimName};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
@@ -161,6 +163,8 @@ pub struct Engine {
     crash: Option<CrashHook>,
     tally: tally::Tally,
     identity: Arc<identity::Identity>,
+    /// Files grants carry beside their specs (device metadata), once the daemon sets them.
+    files: std::sync::OnceLock<Arc<dyn ClaimFiles>>,
 }
 
 /// The startup reconciliation of a loaded checkpoint and the spec files, decided before
@@ -316,6 +320,7 @@ impl Engine {
             crash,
             tally: tally::Tally::default(),
             identity,
+            files: std::sync::OnceLock::new(),
         };
         Ok((
             engine,
@@ -611,11 +616,27 @@ impl Engine {
         let edits_len = edits.len();
         let specs = self.specs.clone();
         let id = uid.to_string();
+        let files = self.files.get().cloned();
+        let requests: Vec<String> = allocation
+            .results
+            .iter()
+            .map(|g| g.request.clone())
+            .collect();
         // (whether this call writes the spec, what it answered)
         let written = blocking(uid, move || match already.then(|| specs.exists(&id)) {
             Some(Ok(true)) => (false, specs.device_ids(&id, edits.len())),
             Some(Err(e)) => (false, Err(e)),
-            _ => (true, specs.write_stamped(&id, &stamp, &edits)),
+            _ => {
+                // The claim's files go right before its spec, which mounts them.
+                let mut edits = edits;
+                if let Some(files) = &files {
+                    match files.write(&id, &requests) {
+                        Ok(mounts) => claim_files::add_mounts(&mut edits, mounts),
+                        Err(e) => return (true, Err(e)),
+                    }
+                }
+                (true, specs.write_stamped(&id, &stamp, &edits))
+            }
         })
         .await;
         let ids = match written {
@@ -708,6 +729,7 @@ impl Engine {
     /// Drops the record of a claim that has no spec and gives its units back.
     async fn roll_back(&self, uid: &str) -> Result<(), EngineError> {
         let updates = self.release_committed(uid).await?;
+        self.remove_claim_files(uid).await;
         if !updates.is_empty() {
             self.flush_pending().await;
         }
@@ -1051,6 +1073,10 @@ impl Engine {
                 done.remove_specs.push(uid);
             }
         }
+        // The files of the specs removed (and of claims rolled back) go with them.
+        if let Err(e) = self.sweep_claim_files().await {
+            tracing::error!(error = %e, "the sweep of orphaned device metadata failed; it runs again with the next reconciliation");
+        }
         Ok(done)
     }
 
@@ -1202,4 +1228,78 @@ fn panic_text(e: tokio::task::JoinError) -> String {
         return "panicked".into();
     }
     e.to_string()
+}
+
+impl Engine {
+    /// Sets where grants' extra files (device metadata) go; only the first call counts. Set it
+    /// before the doors open, then run [`Engine::sweep_claim_files`].
+    pub fn set_claim_files(&self, files: Arc<dyn ClaimFiles>) {
+        let _ = self.files.set(files);
+    }
+
+    /// Removes the files of claims that have no record (orphans: a crash after the files and
+    /// before the spec, which startup rolled back, or between an unprepare's release and the
+    /// files' removal), each under its claim's lock. Answers the claims whose files it removed.
+    pub async fn sweep_claim_files(&self) -> Result<Vec<String>, EngineError> {
+        let Some(files) = self.files.get().cloned() else {
+            return Ok(Vec::new());
+        };
+        let listed = files.clone();
+        let uids = blocking("sweep", move || listed.list())
+            .await?
+            .map_err(|source| EngineError::Spec {
+                then: Then::Unsaid,
+                claim: "sweep".into(),
+                source,
+            })?;
+        let mut removed = Vec::new();
+        for uid in uids {
+            let _claim = self.claims.lock(&uid).await;
+            if self.state().node.allocation(&uid).is_some() || self.journal.record(&uid).is_some() {
+                continue;
+            }
+            let f = files.clone();
+            let id = uid.clone();
+            match blocking(&uid, move || f.remove(&id)).await? {
+                Ok(()) => {
+                    tracing::warn!(claim = %uid, "removed the device metadata of a claim without a record (an orphan)");
+                    removed.push(uid);
+                }
+                Err(e) => {
+                    tracing::error!(claim = %uid, error = %e, "the device metadata of a claim without a record could not be removed; the next sweep tries again")
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes claim `uid`'s extra files after its spec and record went; a failure is logged
+    /// (the files are an orphan the next sweep removes).
+    pub(crate) async fn remove_claim_files(&self, uid: &str) {
+        let Some(files) = self.files.get().cloned() else {
+            return;
+        };
+        let id = uid.to_string();
+        match blocking(uid, move || files.remove(&id)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(claim = %uid, error = %e, "the claim's device metadata could not be removed; the next sweep removes it")
+            }
+            Err(e) => {
+                tracing::warn!(claim = %uid, error = %e, "removing the claim's device metadata failed")
+            }
+        }
+    }
+
+    /// The mounts of claim `uid`'s extra files now, per result (none without files).
+    pub(crate) fn claim_file_mounts(
+        &self,
+        uid: &str,
+        requests: &[String],
+    ) -> Result<Vec<Vec<cdi::Mount>>, cdi::CdiError> {
+        match self.files.get() {
+            Some(files) => files.mounts(uid, requests),
+            None => Ok(Vec::new()),
+        }
+    }
 }
