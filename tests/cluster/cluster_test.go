@@ -91,6 +91,9 @@ type Options struct {
 	// ExtraGates are turned on too, where a component lists them (scenario k: an alpha gate
 	// the other scenarios leave at its default).
 	ExtraGates []string
+	// PCIAddresses gives every static device a PCI address (0000:<10+i>:00.0), so the slices
+	// carry pciAddress and the standard resource.kubernetes.io/pciBusID (scenario m).
+	PCIAddresses bool
 }
 
 // Cluster is one single-node cluster under Dir.
