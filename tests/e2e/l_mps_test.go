@@ -11,8 +11,8 @@ import (
 // Scenario l: a shared pool in MPS mode on real containerd, with a stand-in for the MPS control
 // daemon's directories (no GPU, no daemon: a pipe directory holding a file named like the
 // daemon's control pipe, and a log directory). While the pipe directory is missing the pool's
-// device is unhealthy in status with the sentence naming it; it heals when the directory
-// appears. A container holding a share through the annotation path, and one given the CDI
+// device is unhealthy in status with the sentence naming it, and a share asked through the
+// annotation path or the claims API is refused with it; it heals when the directory appears. A container holding a share through the annotation path, and one given the CDI
 // device of a claims-API claim by containerd's own CDI injection, each see both directories
 // mounted at their paths (the stand-in pipe inside, the log directory writable) and
 // CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY set beside the share's limit.
@@ -37,9 +37,21 @@ func TestL_MPSPool(t *testing.T) {
 			r, _ := u["shared0"].(string)
 			return r
 		}
-		if r := reason(); !strings.Contains(r, "the MPS pipe directory "+pipe+" of device shared0 is missing") {
+		missing := "the MPS pipe directory " + pipe + " of device shared0 is missing"
+		if r := reason(); !strings.Contains(r, missing) {
 			t.Fatalf("shared0 without its MPS pipe directory: unhealthy reason %q", r)
 		}
+		// Not a silent grant: a container asking for a share is refused with the sentence, and
+		// so is a claims-API claim.
+		early := n.mustRunPod(t, "mps-early", annotation("app", "family=shared"))
+		if _, err := n.CRI.Run(early, "app"); err == nil || !strings.Contains(err.Error(), "cannot be handed out now: "+missing) {
+			t.Errorf("a share of shared0 without its pipe directory: %v", err)
+		}
+		if _, errs, err := n.Accel.CLI("prepare", "mps-early", "--family", "shared", "--device", "shared0"); err == nil || !strings.Contains(errs, missing) {
+			t.Errorf("a claims-API claim of shared0 without its pipe directory: %v %s", err, errs)
+		}
+		n.assertNothingHeld(t)
+		must(t, n.CRI.RemovePod(early.ID))
 		// The daemon's directory appears: healthy at a later check.
 		must(t, os.MkdirAll(pipe, 0o755))
 		must(t, os.WriteFile(filepath.Join(pipe, "control"), nil, 0o600))
@@ -78,7 +90,7 @@ func TestL_MPSPool(t *testing.T) {
 		check("annotation", id)
 
 		// The claims API, the container given the claim's CDI device by containerd.
-		out, errs, err := n.Accel.CLI("prepare", "mps-claim", "--device", "shared0")
+		out, errs, err := n.Accel.CLI("prepare", "mps-claim", "--family", "shared", "--device", "shared0")
 		if err != nil {
 			t.Fatalf("prepare mps-claim: %v: %s", err, errs)
 		}

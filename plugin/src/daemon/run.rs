@@ -358,6 +358,17 @@ impl Daemon {
         }
         let e = engine.clone();
         tasks.push(tokio::spawn(flush_pending_updates(e)));
+        // A device whose MPS pipe directory is missing is refused at every fresh grant, on
+        // every door, whatever the health checks say.
+        let pipes = mps_pipes(config, &engine.snapshot());
+        if !pipes.is_empty() {
+            let host = crate::discovery::RootFs::new(&config.discovery.root);
+            engine.set_device_check(Arc::new(move |id: &str| {
+                let pipe = pipes.get(id)?;
+                (!crate::discovery::HostFs::is_dir(&host, std::path::Path::new(pipe)))
+                    .then(|| crate::device_health::mps_pipe_missing(pipe, id))
+            }));
+        }
         let device_health = match config.discovery.health_check_secs {
             0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
             secs => {

@@ -165,7 +165,13 @@ pub struct Engine {
     identity: Arc<identity::Identity>,
     /// Files grants carry beside their specs (device metadata), once the daemon sets them.
     files: std::sync::OnceLock<Arc<dyn ClaimFiles>>,
+    /// Why a device cannot be handed out now (none: it can), once the daemon sets it.
+    device_check: std::sync::OnceLock<DeviceCheck>,
 }
+
+/// Answers why device `id` cannot be handed out now (a shared pool's MPS pipe directory is
+/// missing), or `None` when it can. Called under the engine's state lock: keep it to a stat.
+pub type DeviceCheck = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// The startup reconciliation of a loaded checkpoint and the spec files, decided before
 /// anything is written: the plan, or the refusal when a spec proves a lost commit.
@@ -321,6 +327,7 @@ impl Engine {
             tally: tally::Tally::default(),
             identity,
             files: std::sync::OnceLock::new(),
+            device_check: std::sync::OnceLock::new(),
         };
         Ok((
             engine,
@@ -524,6 +531,17 @@ impl Engine {
             let outcome = allocate(&mut st.node).inspect_err(|refusal| {
                 self.tally.refused(&origin, &refusal.reason);
             })?;
+            if !outcome.already
+                && let Some(refusal) = self.unavailable(uid, &outcome.allocation)
+            {
+                // Nothing was committed: give back what the policy just took.
+                st.node.release(uid);
+                if st.node.allocation(uid).is_none() {
+                    st.forget(uid);
+                }
+                self.tally.refused(&origin, &refusal.reason);
+                return Err(refusal.into());
+            }
             if !outcome.already {
                 // Set with the allocation, so memory never shows the claim with another origin
                 // than its record's, whatever happens to the caller after the commit.
@@ -1231,6 +1249,27 @@ fn panic_text(e: tokio::task::JoinError) -> String {
 }
 
 impl Engine {
+    /// Sets the check every fresh grant's devices pass (a device that fails it refuses the
+    /// claim, whatever the door: docs/refusals.md, "cannot be handed out now"); only the first
+    /// call counts. A claim already granted is never refused by it.
+    pub fn set_device_check(&self, check: DeviceCheck) {
+        let _ = self.device_check.set(check);
+    }
+
+    /// The refusal of claim `uid` when a device of `allocation` fails the device check.
+    fn unavailable(&self, uid: &str, allocation: &Allocation) -> Option<policies::Refusal> {
+        let check = self.device_check.get()?;
+        allocation.results.iter().find_map(|g| {
+            check(&g.device_id).map(|why| {
+                policies::Refusal::new(
+                    uid,
+                    Some(&g.device_id),
+                    policies::RefusalReason::Unavailable { why },
+                )
+            })
+        })
+    }
+
     /// Sets where grants' extra files (device metadata) go; only the first call counts. Set it
     /// before the doors open, then run [`Engine::sweep_claim_files`].
     pub fn set_claim_files(&self, files: Arc<dyn ClaimFiles>) {
