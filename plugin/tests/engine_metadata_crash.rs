@@ -165,3 +165,30 @@ async fn a_spec_lost_from_a_held_claim_is_written_again_with_its_metadata_mounts
     engine.reconcile().await.unwrap();
     assert_eq!(metadata_uids(&md), ["c1"]);
 }
+
+#[tokio::test]
+async fn a_metadata_write_that_fails_grants_nothing_and_a_retry_succeeds() {
+    let d = dirs();
+    let md = d.state.join("metadata");
+    let (engine, writer) = start(&d, &md, None).await;
+    // A file where the claim's directory goes: the write fails.
+    std::fs::create_dir_all(&md).unwrap();
+    std::fs::write(md.join("victim"), b"in the way").unwrap();
+    writer.stage(metadata("victim"));
+    let err = engine
+        .prepare(claim_for("victim", "gpu0"))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("device metadata") && text.contains(&md.join("victim").display().to_string()),
+        "{text}"
+    );
+    assert!(engine.claims().is_empty(), "{text}");
+    assert!(spec_uids(&d).is_empty());
+    // The way cleared, the retry writes the files and the spec.
+    std::fs::remove_file(md.join("victim")).unwrap();
+    engine.prepare(claim_for("victim", "gpu0")).await.unwrap();
+    assert_eq!(metadata_uids(&md), ["victim"]);
+    assert!(spec_mounts_metadata(&d, "victim"));
+}

@@ -28,7 +28,7 @@ pub enum MetadataError {
         value: String,
     },
     /// A file-system operation failed.
-    #[error("device metadata: {op} {path}: {source}")]
+    #[error("{op} {path}: {source}")]
     Io {
         /// What was being done.
         op: &'static str,
@@ -124,7 +124,8 @@ impl MetadataStore {
             let base = base_request(&r.name);
             let rel = Path::new(sub).join(name).join(base);
             let dir = self.claim_dir(uid).join(&rel);
-            std::fs::create_dir_all(&dir).map_err(io("create directory", &dir))?;
+            std::fs::create_dir_all(&dir)
+                .map_err(io("create the device metadata directory", &dir))?;
             let file = format!("{}{FILE_SUFFIX}", claim.driver);
             let doc = claim.document(i).ok_or_else(|| MetadataError::Encode {
                 claim: uid.to_string(),
@@ -180,7 +181,7 @@ impl MetadataStore {
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => sync_dir(&self.dir),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io("remove", &dir)(e)),
+            Err(e) => Err(io("remove the device metadata of a claim at", &dir)(e)),
         }
     }
 
@@ -197,11 +198,11 @@ fn entries(dir: &Path) -> Result<Vec<String>, MetadataError> {
     let read = match std::fs::read_dir(dir) {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io("list", dir)(e)),
+        Err(e) => return Err(io("list the device metadata directory", dir)(e)),
     };
     let mut names = Vec::new();
     for entry in read {
-        let entry = entry.map_err(io("list", dir))?;
+        let entry = entry.map_err(io("list the device metadata directory", dir))?;
         names.push(entry.file_name().to_string_lossy().into_owned());
     }
     names.sort();
@@ -219,19 +220,24 @@ fn replace(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), MetadataError> {
         .truncate(true)
         .mode(0o644)
         .open(&temp)
-        .map_err(io("create", &temp))?;
-    f.write_all(bytes).map_err(io("write", &temp))?;
-    f.sync_all().map_err(io("fsync", &temp))?;
+        .map_err(io("create the device metadata temp file", &temp))?;
+    f.write_all(bytes)
+        .map_err(io("write the device metadata temp file", &temp))?;
+    f.sync_all()
+        .map_err(io("fsync the device metadata temp file", &temp))?;
     drop(f);
-    std::fs::rename(&temp, &target).map_err(io("rename into place", &target))?;
+    std::fs::rename(&temp, &target)
+        .map_err(io("rename into place the device metadata file", &target))?;
     sync_dir(dir)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), MetadataError> {
     match std::fs::File::open(dir) {
-        Ok(d) => d.sync_all().map_err(io("fsync directory", dir)),
+        Ok(d) => d
+            .sync_all()
+            .map_err(io("fsync the device metadata directory", dir)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io("open directory", dir)(e)),
+        Err(e) => Err(io("open the device metadata directory", dir)(e)),
     }
 }
 

@@ -50,16 +50,17 @@ impl MetadataWriter {
     }
 }
 
-/// The CDI store's error for a metadata failure of claim `uid`.
+/// The CDI store's error for a metadata failure of claim `uid` (the engine answers it as it
+/// answers a failed spec write): a file-system error as it is, naming the file; anything else
+/// naming the claim's directory.
 fn to_cdi(store: &MetadataStore, uid: &str, e: MetadataError) -> cdi::CdiError {
-    let path = match &e {
-        MetadataError::Io { path, .. } => path.clone(),
-        _ => store.claim_dir(uid),
-    };
-    cdi::CdiError::Io {
-        op: "write the device metadata (KEP-5304) of a claim at",
-        path,
-        source: std::io::Error::other(e.to_string()),
+    match e {
+        MetadataError::Io { op, path, source } => cdi::CdiError::Io { op, path, source },
+        other => cdi::CdiError::Io {
+            op: "write the device metadata of a claim at",
+            path: store.claim_dir(uid),
+            source: std::io::Error::other(other.to_string()),
+        },
     }
 }
 
