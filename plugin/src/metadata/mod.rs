@@ -4,7 +4,7 @@
 //! Kubernetes' `k8s.io/dynamic-resource-allocation` reads it from (docs/dra.md, "Device
 //! metadata").
 //!
-//! The module is a room of its own beside `cdi`: [`file`] is the document and its paths (pure),
+//! The module is a room of its own beside `cdi`: [`mod@file`] is the document and its paths (pure),
 //! [`store`] the files on the host (durable, listed and removed per claim UID), and
 //! [`MetadataWriter`] ties them to the claim engine through [`crate::engine::ClaimFiles`]: a
 //! door stages what a claim's files say ([`MetadataWriter::stage`]), and the engine writes them
