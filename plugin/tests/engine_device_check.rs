@@ -35,6 +35,12 @@ async fn a_device_failing_the_check_is_refused_until_it_passes() {
     assert!(record_uids(&d.state).is_empty());
     // Other devices are not concerned.
     engine.prepare(claim_for("c2", "gpu1")).await.unwrap();
+    // A running container found holding gpu0 is adopted all the same: refusing would leave its
+    // device free for another claim.
+    engine.adopt("ctr-running", "gpu0").await.unwrap();
+    assert_eq!(engine.claims().len(), 2);
+    engine.container_removed("ctr-running").await.unwrap();
+    assert_eq!(engine.claims().len(), 1);
 
     std::fs::create_dir(&pipe).unwrap();
     engine.prepare(claim_for("c1", "gpu0")).await.unwrap();

@@ -531,7 +531,9 @@ impl Engine {
             let outcome = allocate(&mut st.node).inspect_err(|refusal| {
                 self.tally.refused(&origin, &refusal.reason);
             })?;
+            // An adoption only records what a running container already holds: never refused.
             if !outcome.already
+                && cdi
                 && let Some(refusal) = self.unavailable(uid, &outcome.allocation)
             {
                 // Nothing was committed: give back what the policy just took.
