@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +20,9 @@ import (
 // metadata file of its request's directory; the test compares what it decoded with the claim
 // (name, namespace, UID, the pod's name for a template's claim, the allocated devices) and with
 // the ResourceSlice (every attribute of each device, the standard pciBusID included). Once the
-// pods are gone the claims' metadata is gone from the host.
+// pods are gone the claims' metadata is gone from the host. On 1.36+ a second cluster with
+// DRAListTypeAttributes on publishes the standard NUMA node as a list, which the file carries as
+// the slice does (`ints`) and the reader decodes.
 func TestClusterDeviceMetadata(t *testing.T) {
 	requireRoot(t)
 	reader := buildMetadataReader(t)
@@ -27,6 +30,23 @@ func TestClusterDeviceMetadata(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			c := Start(t, v, Options{WholeDevices: 2, NoExclusiveCPUs: true, PCIAddresses: true})
 			c.waitAccelReady(t)
+			deviceMetadata(t, c, reader)
+		})
+		var major, minor int
+		fmt.Sscanf(v, "v%d.%d", &major, &minor)
+		if minor < 36 {
+			continue
+		}
+		// The standard NUMA node as a list (KEP-6072's ints): the reader's types decode it too.
+		t.Run(v+"/DRAListTypeAttributes", func(t *testing.T) {
+			c := Start(t, v, Options{WholeDevices: 2, NoExclusiveCPUs: true, PCIAddresses: true,
+				ExtraGates: []string{"DRAListTypeAttributes"}})
+			c.waitAccelReady(t)
+			st, err := c.AccelStatus()
+			must(t, err)
+			if form := str(st, "kubernetes", "resource_slices", "numa_node_attribute"); form != "list" {
+				t.Fatalf("numa_node_attribute %q with DRAListTypeAttributes on", form)
+			}
 			deviceMetadata(t, c, reader)
 		})
 	}
@@ -122,6 +142,9 @@ func checkMetadata(t *testing.T, d decodedMetadata, claim obj, podClaimName stri
 		attrs, _ := want["attributes"].(map[string]any)
 		if !reflect.DeepEqual(dev.Attributes, attrs) {
 			t.Errorf("%s: device %s's attributes\n%v\ndiffer from its ResourceSlice's\n%v", d.Path, dev.Name, dev.Attributes, attrs)
+		}
+		if numa := field(attrs, "resource.kubernetes.io/numaNode"); numa == nil {
+			t.Errorf("device %s publishes no standard numaNode", dev.Name)
 		}
 		bus := field(attrs, "resource.kubernetes.io/pciBusID", "string")
 		if bus == nil || bus != field(attrs, "pciAddress", "string") {
