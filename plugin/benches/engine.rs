@@ -88,7 +88,9 @@ fn node(devices: u32, family: FamilyConfig) -> Node {
         select: DeviceSelector::default(),
         family,
         cpus_per_device: 0,
+        passthrough: false,
         unhealthy: Default::default(),
+        vendor_cdi: Default::default(),
     }];
     Node::new(inv, &pools, &Registry::with_builtins()).unwrap()
 }

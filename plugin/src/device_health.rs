@@ -2,24 +2,25 @@
 //!
 //! A device is unhealthy when something it had when the daemon started is gone: its PCI function
 //! vanished from sysfs, its kernel driver was unbound (or replaced), or one of its device nodes
-//! disappeared. Health is judged against that start-time baseline, so a simulated node whose
+//! disappeared. A VFIO passthrough device (a whole IOMMU group) is unhealthy when any function
+//! of its group is gone or no longer bound to `vfio-pci`. Health is judged against that start-time baseline, so a simulated node whose
 //! device nodes never existed stays healthy. The DRA health service, the ResourceSlice publisher
 //! and the device plugins' ListAndWatch all follow the same [`HealthMonitor`]; it wakes them only
 //! when something changed. A device of a shared pool in MPS mode also needs its MPS control
-//! daemon's pipe directory: while that is missing the device is unhealthy (whatever it was at
-//! start), and it heals when the directory appears.
+//! daemon's pipe directory ([`mps_check`], one of the daemon's extra checks): while that is
+//! missing the device is unhealthy, and it heals when the directory appears.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use policies::{Device, Inventory};
+use policies::{Device, Inventory, VfioGroup};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::DiscoveryConfig;
-use crate::discovery::{HostFs, RootFs};
+use crate::discovery::{HostFs, PCI_DEVICES, RootFs, VFIO_PCI};
 
 /// The health of one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +41,8 @@ impl DeviceHealth {
     }
 
     /// Why it is unhealthy as a label value (a taint's value, docs/dra.md "Device health"):
-    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`,
-    /// `mps-pipe-missing`, or
+    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, `vendor-cdi`
+    /// (the daemon's vendor CDI check, docs/gpus.md), `mps-pipe-missing` ([`mps_check`]), or
     /// `unhealthy` for a reason this module did not word; empty when healthy.
     pub fn cause(&self) -> &'static str {
         let r = self.reason.as_str();
@@ -51,6 +52,7 @@ impl DeviceHealth {
             () if r.contains(") was unbound from its driver ") => "driver-unbound",
             () if r.contains(") is bound to ") => "driver-changed",
             () if r.starts_with("device node ") && r.ends_with(" is gone") => "device-node-gone",
+            () if r.contains("vendor CDI spec") => "vendor-cdi",
             () if r.starts_with("the MPS pipe directory ") => "mps-pipe-missing",
             () => "unhealthy",
         }
@@ -62,6 +64,38 @@ impl DeviceHealth {
             reason,
         }
     }
+}
+
+/// A check of the daemon's own beyond what this module sees: one sentence when `device` must
+/// not be handed out (a `vendor_cdi: required` pool's device no vendor CDI spec describes).
+pub type ExtraCheck = Arc<dyn Fn(&Device) -> Option<String> + Send + Sync>;
+
+/// The sentence for a device whose MPS pipe directory is missing (a health reason and, in a
+/// refusal, what cannot be handed out).
+pub fn mps_pipe_missing(pipe: &str, device: &str) -> String {
+    format!(
+        "the MPS pipe directory {pipe} of device {device} is missing: start the pool's MPS control daemon with CUDA_MPS_PIPE_DIRECTORY={pipe} (nvidia-cuda-mps-control -d); until then the device is not handed out"
+    )
+}
+
+/// Why device `id` cannot be used now because its shared pool's MPS pipe directory is not a
+/// directory on `host`, given `pipes` (device id -> its pool's pipe directory, a host path);
+/// `None` for a device of no MPS pool or whose directory is there.
+pub fn mps_missing(
+    pipes: &BTreeMap<String, String>,
+    host: &dyn HostFs,
+    id: &str,
+) -> Option<String> {
+    let pipe = pipes.get(id)?;
+    (!host.is_dir(Path::new(pipe))).then(|| mps_pipe_missing(pipe, id))
+}
+
+/// The health check of shared pools in MPS mode: each device in `pipes` is unhealthy while its
+/// pool's pipe directory (read under `root`) is missing, whatever it was at start, and heals
+/// when the directory appears.
+pub fn mps_check(pipes: BTreeMap<String, String>, root: &Path) -> ExtraCheck {
+    let host = RootFs::new(root);
+    Arc::new(move |d: &Device| mps_missing(&pipes, &host, &d.id))
 }
 
 /// Every device's health at one check.
@@ -109,17 +143,10 @@ struct Baseline {
     driver: Option<String>,
     /// Device nodes (host paths) that existed then.
     nodes: Vec<String>,
-    /// The MPS pipe directory (host path) the device's pool names, which must exist.
-    mps_pipe: Option<String>,
 }
 
-/// What each device had at start, read through `host`; `mps_pipes` maps the devices of shared
-/// pools in MPS mode to their pool's pipe directory.
-fn baseline(
-    inventory: &Inventory,
-    host: &dyn HostFs,
-    mps_pipes: &BTreeMap<String, String>,
-) -> BTreeMap<String, Baseline> {
+/// What each device had at start, read through `host`.
+fn baseline(inventory: &Inventory, host: &dyn HostFs) -> BTreeMap<String, Baseline> {
     inventory
         .devices
         .iter()
@@ -135,7 +162,6 @@ fn baseline(
                 Baseline {
                     driver: d.driver.clone(),
                     nodes,
-                    mps_pipe: mps_pipes.get(&d.id).cloned(),
                 },
             )
         })
@@ -149,13 +175,20 @@ fn assess(
     baselines: &BTreeMap<String, Baseline>,
     rescan: Option<&Inventory>,
     host: &dyn HostFs,
+    extra: Option<&ExtraCheck>,
 ) -> BTreeMap<String, DeviceHealth> {
     inventory
         .devices
         .iter()
         .map(|d| {
             let base = baselines.get(&d.id);
-            (d.id.clone(), judge(d, base, rescan, host))
+            let mut h = judge(d, base, rescan, host);
+            if h.healthy
+                && let Some(reason) = extra.and_then(|x| x(d))
+            {
+                h = DeviceHealth::unhealthy(reason);
+            }
+            (d.id.clone(), h)
         })
         .collect()
 }
@@ -166,7 +199,11 @@ fn judge(
     rescan: Option<&Inventory>,
     host: &dyn HostFs,
 ) -> DeviceHealth {
-    if let (Some(addr), Some(now)) = (&d.pci_address, rescan) {
+    if let (Some(group), Some(_)) = (&d.vfio, rescan) {
+        if let Some(sick) = judge_group(d, group, host) {
+            return sick;
+        }
+    } else if let (Some(addr), Some(now)) = (&d.pci_address, rescan) {
         let Some(found) = now.devices.iter().find(|n| n.id == d.id) else {
             return DeviceHealth::unhealthy(format!(
                 "device {} (PCI {addr}) is gone from sysfs",
@@ -199,19 +236,42 @@ fn judge(
             ));
         }
     }
-    if let Some(pipe) = base.and_then(|b| b.mps_pipe.as_ref())
-        && !host.is_dir(Path::new(pipe))
-    {
-        return DeviceHealth::unhealthy(mps_pipe_missing(pipe, &d.id));
-    }
     DeviceHealth::healthy()
 }
 
-/// The sentence for a device whose MPS pipe directory is missing.
-pub fn mps_pipe_missing(pipe: &str, device: &str) -> String {
-    format!(
-        "the MPS pipe directory {pipe} of device {device} is missing: start the pool's MPS control daemon with CUDA_MPS_PIPE_DIRECTORY={pipe} (nvidia-cuda-mps-control -d); until then the device is not handed out"
-    )
+/// A VFIO group is sick when one of its functions is gone from sysfs or no longer bound to
+/// `vfio-pci` (unbound, or bound to a host driver): the group can then no longer be opened
+/// whole. Read from sysfs directly, since a rescan does not offer such a group at all.
+fn judge_group(d: &Device, group: &VfioGroup, host: &dyn HostFs) -> Option<DeviceHealth> {
+    for f in &group.functions {
+        let dir = Path::new(PCI_DEVICES).join(f);
+        if !host.exists(&dir) {
+            return Some(DeviceHealth::unhealthy(format!(
+                "device {} (PCI {f}, IOMMU group {}) is gone from sysfs",
+                d.id, group.group
+            )));
+        }
+        let driver = host
+            .read_link(&dir.join("driver"))
+            .ok()
+            .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string));
+        match driver.as_deref() {
+            Some(VFIO_PCI) => {}
+            None => {
+                return Some(DeviceHealth::unhealthy(format!(
+                    "device {} (PCI {f}, IOMMU group {}) was unbound from its driver {VFIO_PCI}",
+                    d.id, group.group
+                )));
+            }
+            Some(is) => {
+                return Some(DeviceHealth::unhealthy(format!(
+                    "device {} (PCI {f}, IOMMU group {}) is bound to {is} instead of {VFIO_PCI}",
+                    d.id, group.group
+                )));
+            }
+        }
+    }
+    None
 }
 
 /// Re-checks every device periodically and publishes the report when something changed.
@@ -234,22 +294,21 @@ impl HealthMonitor {
         inventory: Inventory,
         every: Duration,
     ) -> (HealthMonitor, JoinHandle<()>) {
-        Self::start_with_mps(cfg, inventory, &BTreeMap::new(), every)
+        Self::start_with(cfg, inventory, every, None)
     }
 
-    /// As [`HealthMonitor::start`], and each device in `mps_pipes` (device id -> its shared
-    /// pool's MPS pipe directory, a host path under `cfg.root`) is unhealthy while that
-    /// directory is missing.
-    pub fn start_with_mps(
+    /// [`HealthMonitor::start`] with the daemon's `extra` check run on every device the
+    /// monitor finds healthy.
+    pub fn start_with(
         cfg: &DiscoveryConfig,
         inventory: Inventory,
-        mps_pipes: &BTreeMap<String, String>,
         every: Duration,
+        extra: Option<ExtraCheck>,
     ) -> (HealthMonitor, JoinHandle<()>) {
         let host = RootFs::new(&cfg.root);
-        let baselines = baseline(&inventory, &host, mps_pipes);
+        let baselines = baseline(&inventory, &host);
         let first = HealthReport {
-            devices: assess(&inventory, &baselines, None, &host),
+            devices: assess(&inventory, &baselines, None, &host, extra.as_ref()),
             checked_at: SystemTime::now(),
         };
         let (tx, rx) = watch::channel(Arc::new(first));
@@ -261,7 +320,9 @@ impl HealthMonitor {
             loop {
                 tick.tick().await;
                 let (cfg, inv, base) = (cfg.clone(), inventory.clone(), baselines.clone());
-                let checked = tokio::task::spawn_blocking(move || check(&cfg, &inv, &base)).await;
+                let x = extra.clone();
+                let checked =
+                    tokio::task::spawn_blocking(move || check(&cfg, &inv, &base, x.as_ref())).await;
                 let Ok(devices) = checked else {
                     tracing::error!("the device health check panicked; it runs again next time");
                     continue;
@@ -288,6 +349,7 @@ fn check(
     cfg: &DiscoveryConfig,
     inventory: &Inventory,
     baselines: &BTreeMap<String, Baseline>,
+    extra: Option<&ExtraCheck>,
 ) -> BTreeMap<String, DeviceHealth> {
     let host = RootFs::new(&cfg.root);
     let rescan = if cfg.sysfs {
@@ -301,7 +363,7 @@ fn check(
     } else {
         None
     };
-    assess(inventory, baselines, rescan.as_ref(), &host)
+    assess(inventory, baselines, rescan.as_ref(), &host, extra)
 }
 
 /// Publishes `devices` if any device's health changed, logging each change. An empty map (a
@@ -357,7 +419,9 @@ mod tests {
                 minor: 0,
                 permissions: "rw".into(),
             }],
+            vfio: None,
             control_nodes: vec![],
+            uuid: None,
         }
     }
 
@@ -373,9 +437,9 @@ mod tests {
             devices: vec![a.clone(), b.clone()],
             cpus: Default::default(),
         };
-        let base = baseline(&inv, &host, &BTreeMap::new());
+        let base = baseline(&inv, &host);
         // Nothing changed: healthy (b's node never existed: nothing to lose).
-        let same = assess(&inv, &base, Some(&inv), &host);
+        let same = assess(&inv, &base, Some(&inv), &host, None);
         assert!(same.values().all(|h| h.healthy), "{same:?}");
 
         // b vanished from sysfs, a lost its driver.
@@ -385,7 +449,7 @@ mod tests {
             devices: vec![unbound],
             cpus: Default::default(),
         };
-        let h = assess(&inv, &base, Some(&now), &host);
+        let h = assess(&inv, &base, Some(&now), &host, None);
         assert!(
             h["a"].reason.contains("unbound from its driver nvidia"),
             "{h:?}"
@@ -404,7 +468,7 @@ mod tests {
             devices: vec![vfio, b.clone()],
             cpus: Default::default(),
         };
-        let h = assess(&inv, &base, Some(&now), &host);
+        let h = assess(&inv, &base, Some(&now), &host, None);
         assert!(
             h["a"]
                 .reason
@@ -415,41 +479,143 @@ mod tests {
 
         // Its device node removed.
         std::fs::remove_file(root.path().join("dev/nvidia0")).unwrap();
-        let h = assess(&inv, &base, Some(&inv), &host);
+        let h = assess(&inv, &base, Some(&inv), &host, None);
         assert!(h["a"].reason.contains("/dev/nvidia0"), "{h:?}");
         assert_eq!(h["a"].cause(), "device-node-gone");
         assert!(h["b"].healthy);
         assert_eq!(h["b"].cause(), "");
+
+        // The daemon's extra check (vendor CDI) judges what this module finds healthy only.
+        let extra: ExtraCheck = Arc::new(|d: &Device| {
+            Some(format!(
+                "device {} of pool p is described by no vendor CDI spec in /etc/cdi",
+                d.id
+            ))
+        });
+        let h = assess(&inv, &base, Some(&inv), &host, Some(&extra));
+        assert_eq!(h["a"].cause(), "device-node-gone");
+        assert_eq!(h["b"].cause(), "vendor-cdi");
+        assert!(h["b"].reason.contains("/etc/cdi"), "{h:?}");
+    }
+
+    /// Copies `from` to `to`, links as links.
+    fn copy_tree(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            let kind = e.file_type().unwrap();
+            if kind.is_symlink() {
+                std::os::unix::fs::symlink(std::fs::read_link(&src).unwrap(), &dst).unwrap();
+            } else if kind.is_dir() {
+                copy_tree(&src, &dst);
+            } else {
+                std::fs::copy(&src, &dst).unwrap();
+            }
+        }
+    }
+
+    /// Points `bdf`'s driver link at `driver`, or removes it.
+    fn rebind(root: &Path, bdf: &str, driver: Option<&str>) {
+        let link = root.join("sys/bus/pci/devices").join(bdf).join("driver");
+        let dir = std::fs::canonicalize(link.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(dir.join("driver"));
+        if let Some(d) = driver {
+            std::os::unix::fs::symlink(
+                root.join("sys/bus/pci/drivers").join(d),
+                dir.join("driver"),
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_vfio_group_is_unhealthy_when_any_function_leaves_vfio_pci() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs/vfio-passthrough");
+        let root = tempfile::tempdir().unwrap();
+        copy_tree(&fixture, root.path());
+        let cfg = DiscoveryConfig {
+            root: root.path().to_path_buf(),
+            ..DiscoveryConfig::default()
+        };
+        let host = RootFs::new(root.path());
+        let inv = crate::discovery::discover(&host, &cfg).unwrap().inventory;
+        let base = baseline(&inv, &host);
+        let judged = |inv: &Inventory| {
+            let rescan = crate::discovery::discover(&host, &cfg).unwrap().inventory;
+            assess(inv, &base, Some(&rescan), &host, None)
+        };
+        let h = judged(&inv);
+        assert!(h.values().all(|h| h.healthy), "{h:?}");
+
+        // The audio function of group 34 goes back to its host driver: the whole group is sick,
+        // the other groups are not.
+        rebind(root.path(), "0000:65:00.1", Some("snd_hda_intel"));
+        let h = judged(&inv);
+        let sick = &h["0000:65:00.0"];
+        assert_eq!(
+            sick.reason,
+            "device 0000:65:00.0 (PCI 0000:65:00.1, IOMMU group 34) is bound to snd_hda_intel instead of vfio-pci"
+        );
+        assert_eq!(sick.cause(), "driver-changed");
+        assert!(
+            h["0000:17:00.0"].healthy && h["0000:ca:00.0"].healthy,
+            "{h:?}"
+        );
+
+        // Unbound from any driver.
+        rebind(root.path(), "0000:65:00.1", None);
+        let h = judged(&inv);
+        assert_eq!(h["0000:65:00.0"].cause(), "driver-unbound", "{h:?}");
+
+        // Bound back: healthy again. Then the primary function's group node goes.
+        rebind(root.path(), "0000:65:00.1", Some("vfio-pci"));
+        assert!(judged(&inv)["0000:65:00.0"].healthy);
+        std::fs::create_dir_all(root.path().join("dev/vfio")).unwrap();
+        std::fs::write(root.path().join("dev/vfio/21"), b"").unwrap();
+        let base_with_node = baseline(&inv, &host);
+        std::fs::remove_file(root.path().join("dev/vfio/21")).unwrap();
+        let h = assess(&inv, &base_with_node, None, &host, None);
+        assert_eq!(h["0000:17:00.0"].cause(), "device-node-gone", "{h:?}");
+
+        // The function vanishes from sysfs.
+        std::fs::remove_file(root.path().join("sys/bus/pci/devices/0000:ca:00.0")).unwrap();
+        let h = judged(&inv);
+        assert_eq!(h["0000:ca:00.0"].cause(), "gone-from-sysfs", "{h:?}");
     }
 
     #[test]
     fn a_missing_mps_pipe_directory_is_unhealthy_until_it_appears() {
         let root = tempfile::tempdir().unwrap();
         let host = RootFs::new(root.path());
-        let a = dev("a", None, None, "/dev/nvidia0");
-        let b = dev("b", None, None, "/dev/nvidia1");
         let inv = Inventory {
-            devices: vec![a, b],
+            devices: vec![
+                dev("a", None, None, "/dev/nvidia0"),
+                dev("b", None, None, "/dev/nvidia1"),
+            ],
             cpus: Default::default(),
         };
-        let pipes = [("a".to_string(), "/run/nvidia/mps".to_string())].into();
-        let base = baseline(&inv, &host, &pipes);
+        let pipes: BTreeMap<String, String> =
+            [("a".to_string(), "/run/nvidia/mps".to_string())].into();
+        let check = mps_check(pipes, root.path());
+        let base = baseline(&inv, &host);
         // Missing from the start: unhealthy, with the sentence; b has no MPS pool.
-        let h = assess(&inv, &base, None, &host);
+        let h = assess(&inv, &base, None, &host, Some(&check));
         assert_eq!(h["a"].reason, mps_pipe_missing("/run/nvidia/mps", "a"));
         assert_eq!(h["a"].cause(), "mps-pipe-missing");
         assert!(h["b"].healthy, "{h:?}");
         // A file is no directory.
         std::fs::create_dir_all(root.path().join("run/nvidia")).unwrap();
         std::fs::write(root.path().join("run/nvidia/mps"), b"").unwrap();
-        assert!(!assess(&inv, &base, None, &host)["a"].healthy);
+        assert!(!assess(&inv, &base, None, &host, Some(&check))["a"].healthy);
         // The daemon made its directory: healed.
         std::fs::remove_file(root.path().join("run/nvidia/mps")).unwrap();
         std::fs::create_dir(root.path().join("run/nvidia/mps")).unwrap();
-        assert!(assess(&inv, &base, None, &host)["a"].healthy);
+        assert!(assess(&inv, &base, None, &host, Some(&check))["a"].healthy);
         // Gone again (the daemon stopped and its directory was removed).
         std::fs::remove_dir(root.path().join("run/nvidia/mps")).unwrap();
-        assert!(!assess(&inv, &base, None, &host)["a"].healthy);
+        assert!(!assess(&inv, &base, None, &host, Some(&check))["a"].healthy);
     }
 
     #[test]

@@ -22,4 +22,5 @@ pub mod nodelock;
 pub mod notify;
 pub mod preflight;
 pub mod privileges;
+pub mod vendor;
 pub mod webhook;

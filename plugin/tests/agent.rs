@@ -206,7 +206,9 @@ fn mixed_agent(d: &Dirs) -> Agent {
             select: ids(&["gpu0", "gpu1"]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "shared".into(),
@@ -218,7 +220,9 @@ fn mixed_agent(d: &Dirs) -> Agent {
                 mps: None,
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ];
     let node = policies::Node::new(inventory(4), &pools, &Registry::with_builtins()).unwrap();

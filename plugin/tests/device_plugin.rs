@@ -48,7 +48,9 @@ fn pools() -> Vec<PoolConfig> {
             select: ids(&["gpu0", "gpu1", "gpu2", "gpu3"]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 2,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "shared".into(),
@@ -60,7 +62,9 @@ fn pools() -> Vec<PoolConfig> {
                 mps: None,
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mig".into(),
@@ -70,7 +74,9 @@ fn pools() -> Vec<PoolConfig> {
                 profiles: nri_accel::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ]
 }

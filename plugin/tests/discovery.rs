@@ -72,6 +72,9 @@ fn dgx_8xh100_finds_eight_gpus_over_two_numa_nodes() {
         };
         assert_eq!(dev.vendor, "nvidia");
         assert_eq!(dev.model, "NVIDIA H100 80GB HBM3");
+        // "GPU UUID" of the driver's information file (the fixture's: minor, then the bus).
+        let uuid = format!("GPU-{minor:08x}-5f1c-3b7e-a0d2-{}00c0ffee00", &dev.id[5..7]);
+        assert_eq!(dev.uuid.as_deref(), Some(uuid.as_str()));
         assert_eq!(dev.pci_id.as_deref(), Some("10de:2330"));
         assert_eq!(dev.pci_address.as_deref(), Some(dev.id.as_str()));
         assert_eq!(dev.numa_node, Some(numa), "{}", dev.id);
@@ -232,7 +235,11 @@ fn broken_tree_warns_about_each_bad_device_and_keeps_the_good_ones() {
         text[0]
     );
     assert!(text[1].contains("cannot read the PCI class"), "{}", text[1]);
-    assert!(text[2].contains("bound driver: vfio-pci"), "{}", text[2]);
+    assert!(
+        text[2].contains("bound to vfio-pci but in no IOMMU group"),
+        "{}",
+        text[2]
+    );
     assert!(text[3].contains("CPU id too large"), "{}", text[3]);
     assert!(
         text.iter().all(|t| t.contains("device skipped")),

@@ -32,7 +32,9 @@ fn static_device(id: &str, model: &str) -> Device {
             minor: 3,
             permissions: "rw".to_string(),
         }],
+        vfio: None,
         control_nodes: vec![],
+        uuid: None,
     }
 }
 

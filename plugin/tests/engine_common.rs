@@ -52,7 +52,9 @@ pub fn pools(cpus_per_device: u32) -> Vec<PoolConfig> {
         select: DeviceSelector::default(),
         family: FamilyConfig::Exclusive,
         cpus_per_device,
+        passthrough: false,
         unhealthy: Default::default(),
+        vendor_cdi: Default::default(),
     }]
 }
 

@@ -34,7 +34,9 @@ fn device(i: u32) -> Device {
         compute_units: 132,
         driver: None,
         nodes: Vec::new(),
+        vfio: None,
         control_nodes: Vec::new(),
+        uuid: None,
     }
 }
 
@@ -61,7 +63,9 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             select: pick(&[0..8, 32..40]),
             family: FamilyConfig::Exclusive,
             cpus_per_device: 1,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mps".to_string(),
@@ -73,7 +77,9 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
                 mps: None,
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mig".to_string(),
@@ -88,7 +94,9 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
                 ],
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ]
 }

@@ -42,10 +42,46 @@ pub struct Device {
     /// Device nodes that belong to this device alone (e.g. `/dev/nvidia0`, `/dev/dri/renderD128`).
     #[serde(default)]
     pub nodes: Vec<DeviceNode>,
+    /// The IOMMU group this device stands for when it is a VFIO passthrough device (docs/vms.md):
+    /// the whole group is one device, so a grant can never split it. `None` for host-driver
+    /// devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vfio: Option<VfioGroup>,
     /// Vendor control nodes every container using a device of this vendor needs
     /// (e.g. `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/kfd`); shared between devices.
     #[serde(default)]
     pub control_nodes: Vec<DeviceNode>,
+    /// The vendor's unique id of the device when its driver tells one (an NVIDIA GPU's
+    /// `GPU-<uuid>`, from `/proc/driver/nvidia/gpus/<bdf>/information`): published, shown in
+    /// `status`, and used to find the device in the vendor's CDI spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+/// An IOMMU group of PCI functions bound to `vfio-pci`, handed out whole (docs/vms.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VfioGroup {
+    /// The group number: `/sys/kernel/iommu_groups/<group>`, `/dev/vfio/<group>`.
+    pub group: u32,
+    /// The PCI addresses of the group's `vfio-pci` functions, the primary function (the
+    /// device's own address) first. Bridges and driver-less functions of the group are not
+    /// listed: no VM is given them.
+    pub functions: Vec<String>,
+}
+
+impl VfioGroup {
+    /// The function a VM is given the group by (the first of [`VfioGroup::functions`]).
+    pub fn primary(&self) -> Option<&str> {
+        self.functions.first().map(String::as_str)
+    }
+
+    /// The env variable a grant of this group sets: `ACCEL_VFIO_GROUP_<group>`, whose value is
+    /// the group's functions, comma-separated. Named after the group so that a claim of several
+    /// groups sets one variable for each.
+    pub fn env_name(&self) -> String {
+        format!("ACCEL_VFIO_GROUP_{}", self.group)
+    }
 }
 
 /// A device node to create in a container.

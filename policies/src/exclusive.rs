@@ -101,7 +101,10 @@ impl UnitModel for Exclusive {
         self.holders[dev].is_none().then_some(Unit::Whole)
     }
 
-    fn env(&self, _device: &Device, _unit: &Unit) -> Vec<(String, String)> {
-        Vec::new()
+    fn env(&self, device: &Device, _unit: &Unit) -> Vec<(String, String)> {
+        match &device.vfio {
+            Some(g) => vec![(g.env_name(), g.functions.join(","))],
+            None => Vec::new(),
+        }
     }
 }

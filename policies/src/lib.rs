@@ -33,7 +33,7 @@ pub use claim::{
     UnitResult,
 };
 pub use cpuset::{CpuSet, CpuSetParseError, MAX_CPU_ID};
-pub use device::{Device, DeviceNode, Inventory, NodeKind};
+pub use device::{Device, DeviceNode, Inventory, NodeKind, VfioGroup};
 pub use edits::{Adjustment, ContainerEdits, ContainerUpdate, Hook, Mount, Placement};
 pub use exclusive::exclusive;
 pub use node::Node;
@@ -43,7 +43,7 @@ pub use policy::{
 };
 pub use pool::{
     DeviceSelector, FamilyConfig, FamilyKind, MpsConfig, PoolConfig, ProfileConfig,
-    UnhealthyDevices,
+    UnhealthyDevices, VendorCdi,
 };
 pub use prefer::Candidate;
 pub use refusal::{PolicyError, PoolFree, Refusal, RefusalContext, RefusalReason};

@@ -54,7 +54,7 @@ pub struct Node {
 
 impl Node {
     /// Builds the node: each device goes to the first pool whose selector
-    /// matches it; devices matching no pool are never handed out (they are
+    /// matches it (VFIO devices only to passthrough pools, others never to them); devices matching no pool are never handed out (they are
     /// listed as unpooled in the snapshot).
     pub fn new(
         mut inventory: Inventory,
@@ -78,6 +78,15 @@ impl Node {
                     why: "a pool needs a name".to_string(),
                 });
             }
+            if p.passthrough && p.family != crate::FamilyConfig::Exclusive {
+                return Err(PolicyError::InvalidPool {
+                    pool: p.name.clone(),
+                    why: format!(
+                        "a passthrough pool hands out whole IOMMU groups, one holder each, so its family must be exclusive, not {}",
+                        p.family.kind().name()
+                    ),
+                });
+            }
             if pool_index.insert(p.name.clone(), i).is_some() {
                 return Err(PolicyError::DuplicatePool {
                     pool: p.name.clone(),
@@ -88,7 +97,7 @@ impl Node {
         let mut device_pool = BTreeMap::new();
         let mut unpooled = Vec::new();
         for d in &inventory.devices {
-            match pools.iter().position(|p| p.select.matches(d)) {
+            match pools.iter().position(|p| p.takes(d)) {
                 Some(p) => {
                     members[p].push(d.clone());
                     device_pool.insert(d.id.clone(), p);
@@ -367,7 +376,7 @@ impl Node {
         if selector.vendor.is_none() {
             selector.vendor = first.map(|d| d.vendor.clone());
         }
-        let matching: Vec<usize> = (0..self.pools.len())
+        let mut matching: Vec<usize> = (0..self.pools.len())
             .filter(|&p| {
                 self.pools[p]
                     .policy
@@ -376,6 +385,11 @@ impl Node {
                     .any(|d| selector.matches(d))
             })
             .collect();
+        // A VFIO group is for a VM: a count ask takes one only when no pool of host devices
+        // matches it (the asker selected groups, or the node has nothing else).
+        if matching.iter().any(|&p| !self.pools[p].config.passthrough) {
+            matching.retain(|&p| !self.pools[p].config.passthrough);
+        }
         let fitting: Vec<usize> = matching
             .iter()
             .copied()

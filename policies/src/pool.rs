@@ -19,10 +19,49 @@ pub struct PoolConfig {
     /// Exclusive CPUs from the device's NUMA node given with each granted device (0 = none).
     #[serde(default)]
     pub cpus_per_device: u32,
+    /// A passthrough pool (docs/vms.md): it takes only VFIO devices (whole IOMMU groups of
+    /// `vfio-pci` functions, [`crate::VfioGroup`]), and every other pool takes none of them. Its
+    /// family must be exclusive: a group goes to one holder, whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passthrough: bool,
     /// What the DRA driver publishes of an unhealthy device of this pool (docs/dra.md, "Device
     /// health"): withdrawn (the default) or tainted. Policies ignore it.
     #[serde(default, skip_serializing_if = "UnhealthyDevices::is_withdraw")]
     pub unhealthy: UnhealthyDevices,
+    /// Whether grants of this pool carry the device vendor's own CDI device and common edits
+    /// (its user space: driver libraries, binaries, hooks), read from the vendor's CDI spec
+    /// (docs/gpus.md). Policies ignore it.
+    #[serde(default, skip_serializing_if = "VendorCdi::is_off")]
+    pub vendor_cdi: VendorCdi,
+}
+
+/// Whether a pool's grants are composed with the vendor's CDI spec (docs/gpus.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VendorCdi {
+    /// Grants carry nri-accel's own edits only.
+    #[default]
+    Off,
+    /// A device a vendor spec describes is granted with that vendor device; others plainly.
+    Auto,
+    /// Only devices a vendor spec describes are offered; each grant carries its vendor device.
+    Required,
+}
+
+impl VendorCdi {
+    /// Whether this is the default, [`VendorCdi::Off`].
+    pub fn is_off(&self) -> bool {
+        *self == VendorCdi::Off
+    }
+
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VendorCdi::Off => "off",
+            VendorCdi::Auto => "auto",
+            VendorCdi::Required => "required",
+        }
+    }
 }
 
 /// How the DRA driver publishes a pool's unhealthy devices.
@@ -58,6 +97,12 @@ impl UnhealthyDevices {
 }
 
 impl PoolConfig {
+    /// Whether `device` belongs to this pool: the selector matches it and it is a VFIO device
+    /// exactly when the pool is a passthrough pool.
+    pub fn takes(&self, device: &Device) -> bool {
+        self.passthrough == device.vfio.is_some() && self.select.matches(device)
+    }
+
     /// A pool of exactly the devices `ids` (every device when empty) handed out by `family`,
     /// without accelerator-local CPUs: the pool fixtures, tests and benches build.
     pub fn of_ids(name: &str, ids: &[&str], family: FamilyConfig) -> PoolConfig {
@@ -69,7 +114,9 @@ impl PoolConfig {
             },
             family,
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: UnhealthyDevices::Withdraw,
+            vendor_cdi: VendorCdi::Off,
         }
     }
 }

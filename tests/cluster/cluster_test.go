@@ -88,6 +88,9 @@ type Options struct {
 	NoHostAccel bool
 	// Unhealthy is pool whole's `unhealthy` field ("": the default, withdraw; scenario l).
 	Unhealthy string
+	// EditConfig, when set, rewrites nri-accel's config before it is checked and started (the
+	// scenarios that need pools or sections of their own, such as scenario n's passthrough pool).
+	EditConfig func(t *testing.T, c *Cluster, config string) string
 	// ExtraGates are turned on too, where a component lists them (scenario k: an alpha gate
 	// the other scenarios leave at its default).
 	ExtraGates []string

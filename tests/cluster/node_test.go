@@ -243,8 +243,12 @@ func (c *Cluster) startAccel(t *testing.T) {
 		fmt.Fprintf(&b, "device_plugin:\n  enabled: true\n  dir: %s\n", filepath.Join(c.KubeletDir, "device-plugins"))
 	}
 	b.WriteString(inventory)
+	config := b.String()
+	if c.Opts.EditConfig != nil {
+		config = c.Opts.EditConfig(t, c, config)
+	}
 	c.AccelCfg = filepath.Join(c.AccelDir, "config.yaml")
-	must(t, os.WriteFile(c.AccelCfg, []byte(b.String()), 0o644))
+	must(t, os.WriteFile(c.AccelCfg, []byte(config), 0o644))
 	if out, err := exec.Command(accelBin(t), "check-config", "--config", c.AccelCfg).CombinedOutput(); err != nil {
 		t.Fatalf("nri-accel check-config: %v\n%s", err, out)
 	}

@@ -32,8 +32,12 @@ pub(crate) fn profiles(slices: &[SliceAt]) -> Vec<&str> {
     out
 }
 
-/// The resource names a served pool gets.
+/// The resource names a served pool gets: its name in `resource_names`, else
+/// `<prefix>/<pool>`, or one per profile of a static layout that mixes profiles.
 pub fn resource_names(cfg: &DevicePluginConfig, pool: &PoolConfig) -> Vec<String> {
+    if let Some(name) = cfg.resource_names.get(&pool.name) {
+        return vec![name.clone()];
+    }
     let base = format!("{}/{}", cfg.resource_prefix, pool.name);
     match cfg.slice_layouts.get(&pool.name) {
         Some(slices) if profiles(slices).len() > 1 => profiles(slices)
@@ -113,6 +117,37 @@ pub fn served<'a>(cfg: &'a DevicePluginConfig, pools: &'a [PoolConfig]) -> Vec<&
             }
         })
         .collect()
+}
+
+/// The env variable KubeVirt's virt-launcher reads the PCI addresses of a host device resource
+/// from: `PCI_RESOURCE_` and the resource name upper-cased with `.` and `/` turned into `_`
+/// (KubeVirt's `ResourceNameToEnvVar` in pkg/util, read by
+/// pkg/virt-launcher/virtwrap/device/hostdevice/addresspool.go). Its value is the addresses,
+/// comma-separated, one per device allocated.
+pub fn kubevirt_pci_env(resource: &str) -> String {
+    let name: String = resource
+        .chars()
+        .map(|c| match c {
+            '.' | '/' => '_',
+            c => c.to_ascii_uppercase(),
+        })
+        .collect();
+    format!("PCI_RESOURCE_{name}")
+}
+
+/// Whether `text` is a DNS subdomain: dot-separated labels of `[a-z0-9-]`, each 1 to 63
+/// characters not starting or ending with `-`, at most 253 characters in all.
+pub(crate) fn is_dns_subdomain(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 253
+        && text.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
 }
 
 /// Whether `name` is a valid extended resource name: `<DNS subdomain>/<name>`, the name 1 to 63

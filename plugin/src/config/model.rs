@@ -57,7 +57,9 @@ impl Default for Config {
                 select: Default::default(),
                 family: FamilyConfig::Exclusive,
                 cpus_per_device: 0,
+                passthrough: false,
                 unhealthy: Default::default(),
+                vendor_cdi: Default::default(),
             }],
             reconcile_interval_secs: 300,
             annotations: AnnotationsConfig::default(),
@@ -168,6 +170,10 @@ pub struct CdiConfig {
     pub class: String,
     /// Spec file format.
     pub format: SpecFormat,
+    /// Directories of the vendors' own CDI specs, read for pools with `vendor_cdi` on
+    /// (docs/gpus.md). nri-accel's own specs (kind `<vendor>/<class>`) are never read as
+    /// vendor specs.
+    pub vendor_spec_dirs: Vec<PathBuf>,
 }
 
 impl Default for CdiConfig {
@@ -177,6 +183,7 @@ impl Default for CdiConfig {
             vendor: "accel.nri.io".to_string(),
             class: "device".to_string(),
             format: SpecFormat::Yaml,
+            vendor_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
         }
     }
 }
@@ -328,6 +335,10 @@ pub struct DraConfig {
     /// (`<plugins_dir>/<driver_name>/dra-device-metadata/`) and mount it into the containers
     /// through the claim's CDI spec (docs/dra.md, "Device metadata").
     pub device_metadata: bool,
+    /// Pools published in the ResourceSlices; empty publishes every pool. Lets one node serve
+    /// some pools through DRA and others through the device plugin without the scheduler
+    /// counting a device through both.
+    pub pools: Vec<String>,
 }
 
 impl Default for DraConfig {
@@ -341,8 +352,20 @@ impl Default for DraConfig {
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
             claim_status: true,
             device_metadata: true,
+            pools: Vec::new(),
         }
     }
+}
+
+/// What device plugin device IDs are built from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceIds {
+    /// The inventory id.
+    #[default]
+    Id,
+    /// The device's UUID where discovery found one (NVIDIA GPUs), else the inventory id.
+    Uuid,
 }
 
 /// The kubelet's device plugin API: one device plugin per pool, so that the scheduler counts a
@@ -363,9 +386,17 @@ pub struct DevicePluginConfig {
     /// slices. A sliced pool without a layout is advertised whole devices; a layout with
     /// several profiles gives one resource per profile, `<prefix>/<pool>-<profile>`.
     pub slice_layouts: BTreeMap<String, Vec<SliceAt>>,
+    /// Resource names by pool that replace `<resource_prefix>/<pool>`, e.g. the
+    /// `vendor.com/model` name KubeVirt's `permittedHostDevices` lists for a passthrough pool
+    /// (docs/vms.md). A pool whose slice layout mixes profiles cannot be renamed.
+    pub resource_names: BTreeMap<String, String>,
     /// Also answer Allocate with device nodes, env and mounts, for runtimes without CDI (CDI
     /// device names are always answered).
     pub device_nodes: bool,
+    /// What the kubelet device IDs are built from: the inventory id (`gpu0`, `0000:18:00.0`), or
+    /// the device's UUID where it has one (`GPU-...`, as NVIDIA's device plugin can), so that a
+    /// pod's ID names the physical GPU across nodes and reboots (docs/device-plugin.md).
+    pub device_ids: DeviceIds,
     /// Seconds an allocation that no container has used yet keeps its devices when the kubelet
     /// hands them to another container; after that it is released first.
     pub unused_grace_secs: u64,
@@ -384,7 +415,9 @@ impl Default for DevicePluginConfig {
             dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
             pools: Vec::new(),
             slice_layouts: BTreeMap::new(),
+            resource_names: BTreeMap::new(),
             device_nodes: false,
+            device_ids: DeviceIds::Id,
             unused_grace_secs: 60,
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,

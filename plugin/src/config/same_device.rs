@@ -79,7 +79,9 @@ mod tests {
             compute_units: 0,
             driver: None,
             nodes,
+            vfio: None,
             control_nodes: vec![node("/dev/nvidiactl", 195, 255)],
+            uuid: None,
         }
     }
 

@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use policies::FamilyConfig;
 
 use super::Config;
-use super::device_plugin::{check, resource_name_ok, resource_names, served};
+use super::device_plugin::{
+    check, is_dns_subdomain, profiles, resource_name_ok, resource_names, served,
+};
 use super::problem::{Checked, fail};
 use super::spans::Step::{self, Index, Key};
 
@@ -21,17 +23,7 @@ fn at(rest: &[Step]) -> Vec<Step> {
 pub(crate) fn validate(cfg: &Config) -> Checked {
     let dp = &cfg.device_plugin;
     let prefix = &dp.resource_prefix;
-    if prefix.is_empty()
-        || prefix.len() > 253
-        || !prefix.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
-    {
+    if !is_dns_subdomain(prefix) {
         fail(
             at(&[Key("resource_prefix")]),
             format!(
@@ -87,8 +79,50 @@ pub(crate) fn validate(cfg: &Config) -> Checked {
             return fail(path, format!("slice layout of pool {pool_name:?}: {why}"));
         }
     }
+    for (pool_name, name) in &dp.resource_names {
+        let path = at(&[Key("resource_names")]);
+        if !cfg.pools.iter().any(|p| p.name == *pool_name) {
+            fail(
+                path.clone(),
+                format!("resource name for pool {pool_name:?}, which is not defined in pools"),
+            )?;
+        }
+        let domain_ok = name
+            .split_once('/')
+            .is_some_and(|(d, _)| is_dns_subdomain(d));
+        if !domain_ok || !resource_name_ok(name) {
+            fail(
+                path.clone(),
+                format!(
+                    "pool {pool_name:?}: {name:?} is not a resource name of the form vendor.com/model (a DNS subdomain, a /, then 1 to 63 characters of [A-Za-z0-9_.-] starting and ending with a letter or digit)"
+                ),
+            )?;
+        }
+        if dp
+            .slice_layouts
+            .get(pool_name)
+            .is_some_and(|l| profiles(l).len() > 1)
+        {
+            fail(
+                path,
+                format!(
+                    "pool {pool_name:?} has a slice layout that mixes profiles, which gives one resource per profile; it cannot take one resource name"
+                ),
+            )?;
+        }
+    }
+    let mut names = HashSet::new();
     for pool in served(dp, &cfg.pools) {
         for name in resource_names(dp, pool) {
+            if !names.insert(name.clone()) {
+                fail(
+                    at(&[Key("resource_names")]),
+                    format!(
+                        "two resources would be advertised as {name:?} (pool {:?} is one); give each pool its own name",
+                        pool.name
+                    ),
+                )?;
+            }
             if !resource_name_ok(&name) {
                 fail(
                     at(&[Key("resource_prefix")]),

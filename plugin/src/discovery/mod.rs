@@ -10,6 +10,7 @@ mod hostfs;
 mod nvidia;
 mod pci;
 mod scan;
+mod vfio;
 mod warning;
 
 use std::path::Path;
@@ -17,6 +18,7 @@ use std::path::Path;
 use policies::{CpuSet, Device, Inventory};
 
 pub use hostfs::{HostFs, MAX_HOST_FILE_BYTES, RootFs};
+pub use pci::{PCI_DEVICES, VFIO_PCI};
 pub use warning::{DiscoveryError, DiscoveryWarning};
 
 use crate::config::{DiscoveryConfig, same_device};
@@ -97,7 +99,7 @@ pub fn merge_static(inventory: &mut Inventory, static_devices: &[Device]) -> Vec
     warnings
 }
 
-/// Scans the host: PCI accelerators, their nodes, and the online CPUs.
+/// Scans the host: PCI accelerators, their nodes, VFIO passthrough groups, and the online CPUs.
 fn discover_sysfs(host: &dyn HostFs, cfg: &DiscoveryConfig) -> Result<Discovery, DiscoveryError> {
     if !host.is_dir(Path::new("/sys")) {
         return Err(DiscoveryError::Root {
@@ -106,7 +108,9 @@ fn discover_sysfs(host: &dyn HostFs, cfg: &DiscoveryConfig) -> Result<Discovery,
         });
     }
     let mut scan = scan::Scan::new(host);
-    let mut candidates = pci::scan_pci(&mut scan);
+    let (passthrough, mut candidates): (Vec<_>, Vec<_>) = pci::scan_pci(&mut scan)
+        .into_iter()
+        .partition(|c| c.device.driver.as_deref() == Some(pci::VFIO_PCI));
     let accel_nodes = accel::scan_accel(&mut scan);
     let kfd = if candidates.iter().any(|c| c.vendor == pci::AMD) {
         drm::read_kfd(&mut scan)
@@ -148,6 +152,7 @@ fn discover_sysfs(host: &dyn HostFs, cfg: &DiscoveryConfig) -> Result<Discovery,
         }
         devices.push(c.device);
     }
+    devices.extend(vfio::groups(&mut scan, passthrough));
     devices.sort_by(|a, b| a.id.cmp(&b.id));
 
     let online = Path::new(ONLINE_CPUS);

@@ -8,7 +8,7 @@ use super::scan::Scan;
 use super::warning::short;
 
 /// Host directory of PCI devices.
-pub(crate) const PCI_DEVICES: &str = "/sys/bus/pci/devices";
+pub const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 
 /// PCI vendor ids discovery knows by name.
 pub(crate) const NVIDIA: u16 = 0x10de;
@@ -22,6 +22,20 @@ pub(crate) const HABANA: u16 = 0x1da3;
 /// PCI base classes that are accelerators: display controllers and processing accelerators.
 const CLASS_DISPLAY: u32 = 0x03;
 const CLASS_ACCELERATOR: u32 = 0x12;
+
+/// The kernel driver that hands PCI functions to user space (VMs) through `/dev/vfio`.
+pub const VFIO_PCI: &str = "vfio-pci";
+
+/// Whether a PCI class code (`0xCCSSPP`) is an accelerator's: display or processing accelerator.
+pub(crate) fn is_accelerator_class(class: u32) -> bool {
+    matches!(class >> 16, CLASS_DISPLAY | CLASS_ACCELERATOR)
+}
+
+/// Whether a PCI class code is a PCI-to-PCI or CardBus bridge: the interconnect devices the
+/// kernel lets an IOMMU group hold whatever driver they are bound to (`pcieport`).
+pub(crate) fn is_bridge_class(class: u32) -> bool {
+    matches!(class >> 8, 0x0604 | 0x0607 | 0x0609)
+}
 
 /// The vendor name for a PCI vendor id.
 pub(crate) fn vendor_name(vendor: u16) -> String {
@@ -70,6 +84,8 @@ pub(crate) struct PciCandidate {
     pub vendor: u16,
     /// The device's sysfs directory (host path).
     pub dir: PathBuf,
+    /// The PCI class code, `0xCCSSPP`.
+    pub class: u32,
 }
 
 /// Whether `name` looks like a PCI address `dddd:bb:dd.f`.
@@ -90,7 +106,8 @@ fn parse_hex(text: &str) -> Option<u32> {
     u32::from_str_radix(t, 16).ok()
 }
 
-/// Scans `/sys/bus/pci/devices` for display and processing-accelerator devices.
+/// Scans `/sys/bus/pci/devices` for display and processing-accelerator devices, and for
+/// functions of any class bound to `vfio-pci` (passthrough, docs/vms.md).
 pub(crate) fn scan_pci(scan: &mut Scan<'_>) -> Vec<PciCandidate> {
     let root = Path::new(PCI_DEVICES);
     let names = match scan.host.read_dir(root) {
@@ -135,7 +152,8 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
         );
         return None;
     };
-    if !matches!(class >> 16, CLASS_DISPLAY | CLASS_ACCELERATOR) {
+    let driver = read_driver(scan, dir);
+    if !is_accelerator_class(class) && driver.as_deref() != Some(VFIO_PCI) {
         return None;
     }
     let vendor = scan.read_hex_id(&bdf, &dir.join("vendor"), "vendor id")?;
@@ -194,11 +212,6 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
             return None;
         }
     };
-    let driver = scan
-        .host
-        .read_link(&dir.join("driver"))
-        .ok()
-        .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string));
     let info = model_info(vendor, device);
     let pci_id = format!("{vendor:04x}:{device:04x}");
     Some(PciCandidate {
@@ -216,11 +229,30 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
             compute_units: info.as_ref().map_or(0, |i| i.compute_units),
             driver,
             nodes: Vec::new(),
+            vfio: None,
             control_nodes: Vec::new(),
+            uuid: None,
         },
         vendor,
         dir: dir.to_path_buf(),
+        class,
     })
+}
+
+/// The name of the driver bound to the PCI function whose sysfs dir is `dir`, if any.
+pub(crate) fn read_driver(scan: &Scan<'_>, dir: &Path) -> Option<String> {
+    scan.host
+        .read_link(&dir.join("driver"))
+        .ok()
+        .and_then(|t| t.file_name().and_then(|n| n.to_str()).map(str::to_string))
+}
+
+/// The PCI class code of the function whose sysfs dir is `dir`, if it can be read.
+pub(crate) fn read_class(scan: &Scan<'_>, dir: &Path) -> Option<u32> {
+    scan.host
+        .read(&dir.join("class"))
+        .ok()
+        .and_then(|t| parse_hex(&t))
 }
 
 impl Scan<'_> {

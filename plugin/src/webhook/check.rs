@@ -223,7 +223,9 @@ fn model(devices: &[Published], rules: &Rules) -> Option<Node> {
                 },
                 family: config.family.clone(),
                 cpus_per_device: 0,
+                passthrough: false,
                 unhealthy: Default::default(),
+                vendor_cdi: Default::default(),
             });
         }
     }

@@ -37,6 +37,7 @@ fn pod(annotations: &[(&str, &str)], containers: &[&str]) -> Pod {
                 })
                 .collect(),
             init_containers: Vec::new(),
+            resource_claims: Vec::new(),
         },
     }
 }
@@ -56,7 +57,9 @@ fn node_with(n: usize, pool: &str, family: &str) -> Vec<Published> {
                 compute_units: 0,
                 driver: None,
                 nodes: Vec::new(),
+                vfio: None,
                 control_nodes: Vec::new(),
+                uuid: None,
             },
             pool: pool.into(),
             family: family.into(),

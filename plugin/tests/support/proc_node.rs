@@ -73,7 +73,9 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             select: select(0..e),
             family: FamilyConfig::Exclusive,
             cpus_per_device: layout.cpus_per_device,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     if layout.shared > 0 {
@@ -87,7 +89,9 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
                 mps: None,
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     if layout.sliced > 0 {
@@ -99,7 +103,9 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
                 profiles: nri_accel::fixtures::mig_profiles(),
             },
             cpus_per_device: 0,
+            passthrough: false,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     c

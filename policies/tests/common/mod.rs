@@ -35,6 +35,7 @@ pub fn gpu(id: &str, vendor: &str, numa: u32, local: &str, bus: u8, minor: u32) 
             minor,
             permissions: "rw".to_string(),
         }],
+        vfio: None,
         control_nodes: vec![DeviceNode {
             path: ctl.to_string(),
             host_path: None,
@@ -43,6 +44,7 @@ pub fn gpu(id: &str, vendor: &str, numa: u32, local: &str, bus: u8, minor: u32) 
             minor: 255,
             permissions: "rw".to_string(),
         }],
+        uuid: None,
     }
 }
 

@@ -22,9 +22,10 @@ const CORE: [&str; 6] = [
 ];
 
 /// What every layer reads: these import neither the core nor the outer layer.
-const BASE: [&str; 10] = [
+const BASE: [&str; 11] = [
     "config",
     "discovery",
+    "vendor",
     "check",
     "names",
     "metrics",

@@ -24,6 +24,9 @@ pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 /// scalar int of its own node.
 pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 
+/// The `type` attribute of a VFIO passthrough device (a whole IOMMU group).
+pub const PASSTHROUGH_TYPE: &str = "passthrough";
+
 /// What a published device is, as its `type` attribute says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
@@ -160,13 +163,23 @@ pub fn device(
     let mut put = |k: &str, v: DeviceAttribute| {
         attributes.insert(k.to_string(), v);
     };
-    put("type", string(shape.as_str()));
+    // A VFIO group is a device for a VM, not for a container: a type of its own keeps the
+    // classes of host devices (`type == "device"`) from matching it (docs/vms.md).
+    let kind = if d.vfio.is_some() {
+        PASSTHROUGH_TYPE
+    } else {
+        shape.as_str()
+    };
+    put("type", string(kind));
     put("vendor", string(&d.vendor));
     if !d.model.is_empty() {
         put("model", string(&d.model));
     }
     if let Some(driver) = &d.driver {
         put("driver", string(driver));
+    }
+    if let Some(g) = &d.vfio {
+        put("iommuGroup", int(i64::from(g.group)));
     }
     put("family", string(facts.pool.family.kind().name()));
     put("pool", string(&p.pool));
@@ -177,6 +190,16 @@ pub fn device(
     }
     if let Some(id) = &d.pci_id {
         put("pciId", string(id));
+    }
+    // The GPU's UUID under the name NVIDIA's DRA driver gives it (`uuid`); a partition is not
+    // the GPU, so it names its parent's as that driver does for MIG devices (`parentUUID`).
+    if let Some(u) = &d.uuid {
+        let key = if shape == Shape::Partition {
+            "parentUUID"
+        } else {
+            "uuid"
+        };
+        put(key, string(u));
     }
     if let Some(n) = d.numa_node {
         put("numaNode", int(i64::from(n)));
@@ -301,5 +324,42 @@ mod tests {
         assert_eq!(c.len(), 2);
         assert_eq!(c[0].counters.len(), 2);
         assert!(c[1].counters.contains_key("s33"));
+    }
+
+    fn facts<'a>(d: &'a Inventoried, pool: &'a PoolConfig) -> DeviceFacts<'a> {
+        DeviceFacts {
+            device: d,
+            pool,
+            pcie_root: None,
+            multiple_allocations: false,
+            numa_list: false,
+        }
+    }
+
+    #[test]
+    fn a_passthrough_device_names_its_iommu_group_and_is_no_host_device() {
+        let mut d = crate::fixtures::simulated_gpu(0, 0, Default::default(), "0000:65:00.0".into());
+        let mut pool = PoolConfig::of_ids("vm-gpus", &[], FamilyConfig::Exclusive);
+        pool.passthrough = true;
+        let p = PublishedDevice {
+            pool: "vm-gpus".into(),
+            name: "vm-gpus-0000-65-00-0".into(),
+            device_id: d.id.clone(),
+            kind: policies::PublishedKind::Whole,
+            unit: None,
+        };
+        let host = device(&p, Shape::Whole, &facts(&d, &pool), None);
+        let attrs = host.attributes.unwrap();
+        assert!(!attrs.contains_key("iommuGroup"));
+        assert_eq!(attrs["type"].string.as_deref(), Some("device"));
+        d.vfio = Some(policies::VfioGroup {
+            group: 34,
+            functions: vec!["0000:65:00.0".into(), "0000:65:00.1".into()],
+        });
+        let vm = device(&p, Shape::Whole, &facts(&d, &pool), None);
+        let attrs = vm.attributes.unwrap();
+        assert_eq!(attrs["iommuGroup"].int, Some(34));
+        // Not a host device: the classes selecting `type == "device"` do not match it.
+        assert_eq!(attrs["type"].string.as_deref(), Some("passthrough"));
     }
 }

@@ -318,7 +318,8 @@ impl DevicePlugins {
 
     /// The kubelet's Allocate of `ids` for one container of resource `i`: a claim of exactly
     /// those units through the engine, answered with its CDI device names (and device nodes,
-    /// env and mounts when `device_nodes` is set).
+    /// env and mounts when `device_nodes` is set), and for a passthrough pool the env KubeVirt
+    /// reads the PCI addresses from.
     pub async fn allocate(
         &self,
         i: usize,
@@ -409,15 +410,33 @@ impl DevicePlugins {
         tracing::info!(resource = %r.name, claim = %uid, devices = %shown.join(","),
             already = prepared.already, "device plugin allocation");
         let mut answer = pb::ContainerAllocateResponse {
+            // nri-accel's own device, then the vendor's where the pool composes (docs/gpus.md).
             cdi_devices: prepared
                 .devices
                 .iter()
-                .map(|d| pb::CdiDevice {
-                    name: d.cdi_id.clone(),
-                })
+                .flat_map(|d| d.cdi_ids())
+                .map(|name| pb::CdiDevice { name })
                 .collect(),
             ..Default::default()
         };
+        if let Some(env) = &r.kubevirt_env {
+            // KubeVirt's external providers: one PCI address per device, comma-separated; for an
+            // IOMMU group, the function the VM is given it by (docs/vms.md).
+            let addresses: Vec<String> = self.engine.with_node(|n| {
+                set.iter()
+                    .filter_map(|id| r.get(id))
+                    .filter_map(|a| n.inventory().device(&a.device_id))
+                    .filter_map(|d| {
+                        d.vfio
+                            .as_ref()
+                            .and_then(|g| g.primary())
+                            .or(d.pci_address.as_deref())
+                            .map(str::to_string)
+                    })
+                    .collect()
+            });
+            answer.envs.insert(env.clone(), addresses.join(","));
+        }
         if self.cfg.device_nodes {
             let edits = self.engine.with_node(|n| n.edits(&uid)).unwrap_or_default();
             let mut paths = BTreeSet::new();
