@@ -30,6 +30,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
                     replicas: 4,
                     memory_mib_per_share: 0,
                     compute_percent_per_share: 0,
+                    mps: None,
                 },
             ),
         ],

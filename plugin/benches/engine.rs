@@ -100,6 +100,7 @@ fn shared() -> FamilyConfig {
         replicas: 200,
         memory_mib_per_share: 100,
         compute_percent_per_share: 1,
+        mps: None,
     }
 }
 

@@ -6,7 +6,9 @@
 //! of its group is gone or no longer bound to `vfio-pci`. Health is judged against that start-time baseline, so a simulated node whose
 //! device nodes never existed stays healthy. The DRA health service, the ResourceSlice publisher
 //! and the device plugins' ListAndWatch all follow the same [`HealthMonitor`]; it wakes them only
-//! when something changed.
+//! when something changed. A device of a shared pool in MPS mode also needs its MPS control
+//! daemon's pipe directory ([`mps_check`], one of the daemon's extra checks): while that is
+//! missing the device is unhealthy, and it heals when the directory appears.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,8 +42,8 @@ impl DeviceHealth {
 
     /// Why it is unhealthy as a label value (a taint's value, docs/dra.md "Device health"):
     /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, `vendor-cdi`
-    /// (the daemon's vendor CDI check, docs/gpus.md), or `unhealthy` for a reason this module
-    /// did not word; empty when healthy.
+    /// (the daemon's vendor CDI check, docs/gpus.md), `mps-pipe-missing` ([`mps_check`]), or
+    /// `unhealthy` for a reason this module did not word; empty when healthy.
     pub fn cause(&self) -> &'static str {
         let r = self.reason.as_str();
         match () {
@@ -51,6 +53,7 @@ impl DeviceHealth {
             () if r.contains(") is bound to ") => "driver-changed",
             () if r.starts_with("device node ") && r.ends_with(" is gone") => "device-node-gone",
             () if r.contains("vendor CDI spec") => "vendor-cdi",
+            () if r.starts_with("the MPS pipe directory ") => "mps-pipe-missing",
             () => "unhealthy",
         }
     }
@@ -66,6 +69,34 @@ impl DeviceHealth {
 /// A check of the daemon's own beyond what this module sees: one sentence when `device` must
 /// not be handed out (a `vendor_cdi: required` pool's device no vendor CDI spec describes).
 pub type ExtraCheck = Arc<dyn Fn(&Device) -> Option<String> + Send + Sync>;
+
+/// The sentence for a device whose MPS pipe directory is missing (a health reason and, in a
+/// refusal, what cannot be handed out).
+pub fn mps_pipe_missing(pipe: &str, device: &str) -> String {
+    format!(
+        "the MPS pipe directory {pipe} of device {device} is missing: start the pool's MPS control daemon with CUDA_MPS_PIPE_DIRECTORY={pipe} (nvidia-cuda-mps-control -d); until then the device is not handed out"
+    )
+}
+
+/// Why device `id` cannot be used now because its shared pool's MPS pipe directory is not a
+/// directory on `host`, given `pipes` (device id -> its pool's pipe directory, a host path);
+/// `None` for a device of no MPS pool or whose directory is there.
+pub fn mps_missing(
+    pipes: &BTreeMap<String, String>,
+    host: &dyn HostFs,
+    id: &str,
+) -> Option<String> {
+    let pipe = pipes.get(id)?;
+    (!host.is_dir(Path::new(pipe))).then(|| mps_pipe_missing(pipe, id))
+}
+
+/// The health check of shared pools in MPS mode: each device in `pipes` is unhealthy while its
+/// pool's pipe directory (read under `root`) is missing, whatever it was at start, and heals
+/// when the directory appears.
+pub fn mps_check(pipes: BTreeMap<String, String>, root: &Path) -> ExtraCheck {
+    let host = RootFs::new(root);
+    Arc::new(move |d: &Device| mps_missing(&pipes, &host, &d.id))
+}
 
 /// Every device's health at one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -552,6 +583,39 @@ mod tests {
         std::fs::remove_file(root.path().join("sys/bus/pci/devices/0000:ca:00.0")).unwrap();
         let h = judged(&inv);
         assert_eq!(h["0000:ca:00.0"].cause(), "gone-from-sysfs", "{h:?}");
+    }
+
+    #[test]
+    fn a_missing_mps_pipe_directory_is_unhealthy_until_it_appears() {
+        let root = tempfile::tempdir().unwrap();
+        let host = RootFs::new(root.path());
+        let inv = Inventory {
+            devices: vec![
+                dev("a", None, None, "/dev/nvidia0"),
+                dev("b", None, None, "/dev/nvidia1"),
+            ],
+            cpus: Default::default(),
+        };
+        let pipes: BTreeMap<String, String> =
+            [("a".to_string(), "/run/nvidia/mps".to_string())].into();
+        let check = mps_check(pipes, root.path());
+        let base = baseline(&inv, &host);
+        // Missing from the start: unhealthy, with the sentence; b has no MPS pool.
+        let h = assess(&inv, &base, None, &host, Some(&check));
+        assert_eq!(h["a"].reason, mps_pipe_missing("/run/nvidia/mps", "a"));
+        assert_eq!(h["a"].cause(), "mps-pipe-missing");
+        assert!(h["b"].healthy, "{h:?}");
+        // A file is no directory.
+        std::fs::create_dir_all(root.path().join("run/nvidia")).unwrap();
+        std::fs::write(root.path().join("run/nvidia/mps"), b"").unwrap();
+        assert!(!assess(&inv, &base, None, &host, Some(&check))["a"].healthy);
+        // The daemon made its directory: healed.
+        std::fs::remove_file(root.path().join("run/nvidia/mps")).unwrap();
+        std::fs::create_dir(root.path().join("run/nvidia/mps")).unwrap();
+        assert!(assess(&inv, &base, None, &host, Some(&check))["a"].healthy);
+        // Gone again (the daemon stopped and its directory was removed).
+        std::fs::remove_dir(root.path().join("run/nvidia/mps")).unwrap();
+        assert!(!assess(&inv, &base, None, &host, Some(&check))["a"].healthy);
     }
 
     #[test]

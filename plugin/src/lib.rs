@@ -15,6 +15,7 @@ pub mod gate;
 pub mod kube;
 pub mod kubelet;
 pub mod logging;
+pub mod metadata;
 pub mod metrics;
 pub mod names;
 pub mod nodelock;

@@ -217,6 +217,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
                 replicas: 3,
                 memory_mib_per_share: 0,
                 compute_percent_per_share: 0,
+                mps: None,
             },
             cpus_per_device: 0,
             passthrough: false,

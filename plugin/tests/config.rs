@@ -82,15 +82,23 @@ fn packaged_config_examples_parse_when_uncommented() {
         out.push('\n');
     }
     let cfg = Config::from_yaml(&out, "uncommented").unwrap();
-    assert_eq!(cfg.pools.len(), 4);
+    assert_eq!(cfg.pools.len(), 5);
     assert!(matches!(
         cfg.pools[1].family,
-        FamilyConfig::Shared { replicas: 4, .. }
+        FamilyConfig::Shared {
+            replicas: 4,
+            mps: None,
+            ..
+        }
     ));
     assert_eq!(cfg.pools[1].unhealthy, UnhealthyDevices::TaintNoSchedule);
     assert_eq!(cfg.pools[2].vendor_cdi, policies::VendorCdi::Required);
+    assert!(matches!(
+        &cfg.pools[3].family,
+        FamilyConfig::Shared { mps: Some(m), .. } if m.pipe_directory == "/run/nvidia/mps"
+    ));
     assert!(
-        matches!(&cfg.pools[3].family, FamilyConfig::Sliced { profiles, .. } if profiles.len() == 3)
+        matches!(&cfg.pools[4].family, FamilyConfig::Sliced { profiles, .. } if profiles.len() == 3)
     );
 }
 
@@ -302,6 +310,51 @@ fn zero_size_profile_and_zero_replicas_are_refused() {
         panic!("{e:?}")
     };
     assert_eq!(field, "pools[0].family.replicas");
+}
+
+#[test]
+fn mps_directories_must_be_absolute_and_distinct() {
+    let pool = |mps: &str| {
+        format!("pools:\n  - name: m\n    family: {{kind: shared, replicas: 2, mps: {mps}}}\n")
+    };
+    for (mps, field) in [
+        (
+            "{pipe_directory: run/mps, log_directory: /var/log/mps}",
+            "pools[0].family.mps.pipe_directory",
+        ),
+        (
+            "{pipe_directory: /run/mps, log_directory: \"/a,b\"}",
+            "pools[0].family.mps.log_directory",
+        ),
+        (
+            "{pipe_directory: /run/mps, log_directory: /run/mps}",
+            "pools[0].family.mps.log_directory",
+        ),
+    ] {
+        let e = err(&pool(mps));
+        let ConfigError::Invalid { field: f, .. } = &e else {
+            panic!("{mps}: {e:?}")
+        };
+        assert_eq!(f, field, "{mps}: {e}");
+    }
+    // Both directories are required, and nothing else is taken.
+    assert!(Config::from_yaml(&pool("{pipe_directory: /run/mps}"), "m").is_err());
+    assert!(
+        Config::from_yaml(
+            &pool("{pipe_directory: /run/mps, log_directory: /l, pipe: /x}"),
+            "m"
+        )
+        .is_err()
+    );
+    let ok = Config::from_yaml(
+        &pool("{pipe_directory: /run/mps, log_directory: /var/log/mps}"),
+        "m",
+    )
+    .unwrap();
+    assert!(matches!(
+        &ok.pools[0].family,
+        FamilyConfig::Shared { mps: Some(m), .. } if m.log_directory == "/var/log/mps"
+    ));
 }
 
 #[test]

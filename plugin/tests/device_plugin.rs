@@ -59,6 +59,7 @@ fn pools() -> Vec<PoolConfig> {
                 replicas: 4,
                 memory_mib_per_share: 20_000,
                 compute_percent_per_share: 0,
+                mps: None,
             },
             cpus_per_device: 0,
             passthrough: false,

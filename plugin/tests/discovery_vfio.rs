@@ -238,6 +238,7 @@ fn a_passthrough_pool_of_another_family_is_refused() {
         replicas: 2,
         memory_mib_per_share: 0,
         compute_percent_per_share: 0,
+        mps: None,
     };
     let e = policies::Node::new(run().inventory, &p, &Registry::with_builtins())
         .err()

@@ -74,6 +74,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
                 replicas: 40,
                 memory_mib_per_share: 2048,
                 compute_percent_per_share: 10,
+                mps: None,
             },
             cpus_per_device: 0,
             passthrough: false,

@@ -42,12 +42,12 @@ pub use policy::{
     PublishedKind,
 };
 pub use pool::{
-    DeviceSelector, FamilyConfig, FamilyKind, PoolConfig, ProfileConfig, UnhealthyDevices,
-    VendorCdi,
+    DeviceSelector, FamilyConfig, FamilyKind, MpsConfig, PoolConfig, ProfileConfig,
+    UnhealthyDevices, VendorCdi,
 };
 pub use prefer::Candidate;
 pub use refusal::{PolicyError, PoolFree, Refusal, RefusalContext, RefusalReason};
 pub use registry::{PolicyFactory, Registry};
-pub use shared::{MAX_REPLICAS, shared};
+pub use shared::{MAX_REPLICAS, MPS_LOG_ENV, MPS_PIPE_ENV, shared};
 pub use sliced::{MAX_SLOTS, sliced};
 pub use snapshot::Snapshot;

@@ -190,6 +190,10 @@ pub enum FamilyConfig {
         /// Compute limit per share in percent, exported as env (0 = none).
         #[serde(default)]
         compute_percent_per_share: u32,
+        /// MPS mode: the directories of the node's MPS control daemon, mounted into every
+        /// container holding a share and named in its `CUDA_MPS_*` env. None: plain time-slicing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mps: Option<MpsConfig>,
     },
     /// Each device is cut into non-overlapping slices by profile (MIG-like).
     Sliced {
@@ -206,6 +210,21 @@ pub enum FamilyConfig {
         #[serde(default)]
         params: std::collections::BTreeMap<String, String>,
     },
+}
+
+/// Where a shared pool's MPS control daemon (`nvidia-cuda-mps-control -d`) keeps its pipes and
+/// logs. The daemon reads the same `CUDA_MPS_PIPE_DIRECTORY` and `CUDA_MPS_LOG_DIRECTORY`; a
+/// client finds the daemon through the pipe directory, so both are mounted into the container at
+/// the same paths. The share limits (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`,
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`) take effect only through that daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MpsConfig {
+    /// The daemon's pipe directory on the host (absolute), e.g. `/run/nvidia/mps`. While it is
+    /// missing the pool's devices are unhealthy and not handed out.
+    pub pipe_directory: String,
+    /// The daemon's log directory on the host (absolute), e.g. `/var/log/nvidia-mps`.
+    pub log_directory: String,
 }
 
 /// One slice profile: its size and where a slice of it may start.

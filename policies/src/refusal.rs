@@ -127,6 +127,13 @@ pub enum RefusalReason {
         /// What is wrong.
         why: String,
     },
+    /// The node cannot hand the device out now, though a policy chose it: what it needs
+    /// besides the device is missing (a shared pool's MPS pipe directory). Found by the node
+    /// agent, not by a policy; the claim can be retried once it is there.
+    Unavailable {
+        /// What is missing and what to do, one sentence.
+        why: String,
+    },
 }
 
 impl RefusalReason {
@@ -148,6 +155,7 @@ impl RefusalReason {
             RefusalReason::NoMatchingPool { .. } => "no_matching_pool",
             RefusalReason::NotEnoughCpus { .. } => "not_enough_cpus",
             RefusalReason::InvalidRequest { .. } => "invalid_request",
+            RefusalReason::Unavailable { .. } => "device_unavailable",
         }
     }
 }
@@ -267,6 +275,12 @@ impl Refusal {
             ),
             RefusalReason::InvalidRequest { why } => {
                 write!(f, "claim {c} refused: the request is invalid: {why}")
+            }
+            RefusalReason::Unavailable { why } => {
+                write!(
+                    f,
+                    "claim {c} refused: device {d} cannot be handed out now: {why}"
+                )
             }
         }
     }

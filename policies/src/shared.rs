@@ -3,9 +3,14 @@
 
 use crate::units::{PlaceError, UnitAsk, UnitModel, UnitPolicy};
 use crate::{
-    ClaimUid, Device, FamilyConfig, FamilyKind, HeldUnit, Policy, PolicyError, PoolConfig,
-    RefusalReason, Unit,
+    ClaimUid, Device, FamilyConfig, FamilyKind, HeldUnit, Mount, MpsConfig, Policy, PolicyError,
+    PoolConfig, RefusalReason, Unit,
 };
+
+/// The variable naming an MPS pool's pipe directory (where CUDA clients find the daemon).
+pub const MPS_PIPE_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// The variable naming an MPS pool's log directory.
+pub const MPS_LOG_ENV: &str = "CUDA_MPS_LOG_DIRECTORY";
 
 /// Upper bound on replicas per device, so a config typo cannot allocate without bound.
 pub const MAX_REPLICAS: u32 = 1024;
@@ -16,6 +21,7 @@ pub fn shared(pool: &PoolConfig, devices: Vec<Device>) -> Result<Box<dyn Policy>
         replicas,
         memory_mib_per_share,
         compute_percent_per_share,
+        ref mps,
     } = pool.family
     else {
         return Err(PolicyError::InvalidPool {
@@ -37,8 +43,22 @@ pub fn shared(pool: &PoolConfig, devices: Vec<Device>) -> Result<Box<dyn Policy>
             ),
         });
     }
+    if let Some(m) = mps {
+        for (field, dir) in [
+            ("mps.pipe_directory", &m.pipe_directory),
+            ("mps.log_directory", &m.log_directory),
+        ] {
+            if !dir.starts_with('/') || dir.contains(['\0', ',']) {
+                return Err(PolicyError::InvalidPool {
+                    pool: pool.name.clone(),
+                    why: format!("{field} must be an absolute path without commas, not {dir:?}"),
+                });
+            }
+        }
+    }
     let model = Shared {
         replicas,
+        mps: mps.clone(),
         memory_mib: memory_mib_per_share,
         percent: compute_percent_per_share,
         slots: vec![vec![None; replicas as usize]; devices.len()],
@@ -48,6 +68,7 @@ pub fn shared(pool: &PoolConfig, devices: Vec<Device>) -> Result<Box<dyn Policy>
 
 struct Shared {
     replicas: u32,
+    mps: Option<MpsConfig>,
     memory_mib: u64,
     percent: u32,
     slots: Vec<Vec<Option<ClaimUid>>>,
@@ -246,6 +267,26 @@ impl UnitModel for Shared {
                 env.push(("ACCEL_SHARE_MEMORY_LIMIT_MIB".to_string(), mib.to_string()));
             }
         }
+        if let Some(m) = &self.mps {
+            env.push((MPS_PIPE_ENV.to_string(), m.pipe_directory.clone()));
+            env.push((MPS_LOG_ENV.to_string(), m.log_directory.clone()));
+        }
         env
+    }
+
+    fn mounts(&self, _device: &Device) -> Vec<Mount> {
+        let Some(m) = &self.mps else {
+            return Vec::new();
+        };
+        [&m.pipe_directory, &m.log_directory]
+            .into_iter()
+            .map(|dir| Mount {
+                host_path: dir.clone(),
+                container_path: dir.clone(),
+                options: ["rw", "nosuid", "nodev", "bind"]
+                    .map(str::to_string)
+                    .to_vec(),
+            })
+            .collect()
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::naming::{device_name, pci_distance, pci_root};
 use crate::{
     ClaimUid, ContainerEdits, Device, DeviceSelector, DeviceSnapshot, FamilyKind, Grant, HeldUnit,
-    Near, Policy, PolicyError, PoolRequest, PoolSnapshot, PoolUsage, PublishedDevice,
+    Mount, Near, Policy, PolicyError, PoolRequest, PoolSnapshot, PoolUsage, PublishedDevice,
     PublishedKind, Refusal, RefusalReason, Unit,
 };
 
@@ -74,6 +74,10 @@ pub(crate) trait UnitModel: Send {
     }
     /// Limit env for a unit of `device`.
     fn env(&self, device: &Device, unit: &Unit) -> Vec<(String, String)>;
+    /// Bind mounts a unit of `device` needs (an MPS pool's daemon directories); none by default.
+    fn mounts(&self, _device: &Device) -> Vec<Mount> {
+        Vec::new()
+    }
 }
 
 /// What a published name resolves to.
@@ -573,7 +577,7 @@ impl<M: UnitModel> Policy for UnitPolicy<M> {
         ContainerEdits {
             env: self.model.env(d, &grant.unit),
             device_nodes,
-            mounts: Vec::new(),
+            mounts: self.model.mounts(d),
             hooks: Vec::new(),
         }
     }

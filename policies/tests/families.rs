@@ -135,6 +135,76 @@ fn shared_spreads_shares_and_exports_mps_limits() {
 }
 
 #[test]
+fn an_mps_pool_mounts_its_daemon_directories_and_names_them_in_the_env() {
+    let mps = policies::MpsConfig {
+        pipe_directory: "/run/nvidia/mps".into(),
+        log_directory: "/var/log/nvidia-mps".into(),
+    };
+    let family = FamilyConfig::Shared {
+        replicas: 2,
+        memory_mib_per_share: 4096,
+        compute_percent_per_share: 50,
+        mps: Some(mps.clone()),
+    };
+    let mut n = node(
+        four_gpus()[..1].to_vec(),
+        "0-7",
+        &[pool("mps", &[], family, 0)],
+    );
+    n.allocate(&counted("a", vec![count("r", 1)])).unwrap();
+    let edits = n.edits("a").unwrap();
+    assert_eq!(
+        edits[0].env[2..],
+        [
+            (
+                policies::MPS_PIPE_ENV.to_string(),
+                "/run/nvidia/mps".to_string()
+            ),
+            (
+                policies::MPS_LOG_ENV.to_string(),
+                "/var/log/nvidia-mps".to_string()
+            ),
+        ]
+    );
+    let mounts: Vec<(&str, &str)> = edits[0]
+        .mounts
+        .iter()
+        .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("/run/nvidia/mps", "/run/nvidia/mps"),
+            ("/var/log/nvidia-mps", "/var/log/nvidia-mps")
+        ]
+    );
+    // A relative directory is no pool.
+    let bad = FamilyConfig::Shared {
+        replicas: 2,
+        memory_mib_per_share: 0,
+        compute_percent_per_share: 0,
+        mps: Some(policies::MpsConfig {
+            pipe_directory: "run/mps".into(),
+            ..mps
+        }),
+    };
+    let refused = policies::Node::new(
+        policies::Inventory {
+            devices: four_gpus()[..1].to_vec(),
+            cpus: cpus("0-7"),
+        },
+        &[pool("mps", &[], bad, 0)],
+        &policies::Registry::with_builtins(),
+    )
+    .err()
+    .expect("refused");
+    assert!(
+        refused.to_string().contains("mps.pipe_directory"),
+        "{refused}"
+    );
+}
+
+#[test]
 fn shared_uses_generic_limit_names_for_other_vendors() {
     let devices = vec![gpu("a0", "amd", 0, "0-3", 0x17, 0)];
     let mut n = node(

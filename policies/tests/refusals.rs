@@ -363,6 +363,7 @@ fn docs_list_every_refusal_sentence() {
             },
         ),
         (false, RefusalReason::InvalidRequest { why: s("<why>") }),
+        (true, RefusalReason::Unavailable { why: s("<why>") }),
     ];
     for (with_device, reason) in reasons {
         let r = Refusal::new("<claim>", with_device.then_some("<device>"), reason);

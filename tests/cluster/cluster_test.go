@@ -102,6 +102,9 @@ type Options struct {
 	// the chart); the controller-manager and the apiserver then declare a node lost and evict its
 	// pods within about 30 s (fleetFlags).
 	Nodes int
+	// PCIAddresses gives every static device a PCI address (0000:<10+i>:00.0), so the slices
+	// carry pciAddress and the standard resource.kubernetes.io/pciBusID (scenario m).
+	PCIAddresses bool
 }
 
 // Cluster is one single-node cluster under Dir.

@@ -287,6 +287,9 @@ func (c *Cluster) makeInventory(t *testing.T) string {
 		fmt.Fprintf(&b, "    - id: %s\n      vendor: e2e\n      model: fake\n      numa_node: 0\n      local_cpus: %q\n"+
 			"      memory_mib: 16384\n      compute_units: 8\n      nodes:\n        - { path: %s, major: %d, minor: %d }\n",
 			id, c.LocalCPU, c.Devs.Path(i), c.Devs.Major, i)
+		if c.Opts.PCIAddresses {
+			fmt.Fprintf(&b, "      pci_address: \"0000:%02x:00.0\"\n", 0x10+i)
+		}
 	}
 	var ids []string
 	for i := 0; i < whole; i++ {

@@ -70,6 +70,10 @@ type Layout struct {
 	CPUsPerDevice int
 	// WholeDevices is how many devices pool whole has (default 1).
 	WholeDevices int
+	// MPSPipe and MPSLog put pool shared in MPS mode with these daemon directories (scenario l).
+	MPSPipe, MPSLog string
+	// HealthCheckSecs is discovery.health_check_secs (0: the default, 10 s).
+	HealthCheckSecs int
 }
 
 func (l Layout) yaml(d *fakeDevices) string {
@@ -78,7 +82,11 @@ func (l Layout) yaml(d *fakeDevices) string {
 		whole = 1
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "discovery:\n  sysfs: false\n  cpus: %q\n  static_devices:\n", l.CPUs)
+	fmt.Fprintf(&b, "discovery:\n  sysfs: false\n  cpus: %q\n", l.CPUs)
+	if l.HealthCheckSecs > 0 {
+		fmt.Fprintf(&b, "  health_check_secs: %d\n", l.HealthCheckSecs)
+	}
+	b.WriteString("  static_devices:\n")
 	dev := func(i int, id string) {
 		fmt.Fprintf(&b, "    - id: %s\n      vendor: e2e\n      model: fake\n      numa_node: 0\n      local_cpus: %q\n"+
 			"      memory_mib: 16384\n      compute_units: 8\n      nodes:\n        - { path: %s, major: %d, minor: %d }\n",
@@ -93,7 +101,11 @@ func (l Layout) yaml(d *fakeDevices) string {
 	dev(whole+1, "sliced0")
 	fmt.Fprintf(&b, "pools:\n  - name: whole\n    select: { ids: [%s] }\n    family: { kind: exclusive }\n    cpus_per_device: %d\n",
 		strings.Join(ids, ", "), l.CPUsPerDevice)
-	b.WriteString("  - name: shared\n    select: { ids: [shared0] }\n    family: { kind: shared, replicas: 2, memory_mib_per_share: 8192 }\n")
+	b.WriteString("  - name: shared\n    select: { ids: [shared0] }\n    family: { kind: shared, replicas: 2, memory_mib_per_share: 8192")
+	if l.MPSPipe != "" {
+		fmt.Fprintf(&b, ", mps: { pipe_directory: %q, log_directory: %q }", l.MPSPipe, l.MPSLog)
+	}
+	b.WriteString(" }\n")
 	b.WriteString("  - name: sliced\n    select: { ids: [sliced0] }\n    family:\n      kind: sliced\n      slots: 2\n      profiles:\n" +
 		"        - { name: half, size: 1, memory_mib: 8192, compute_units: 4, starts: [0, 1] }\n")
 	return b.String()

@@ -331,6 +331,10 @@ pub struct DraConfig {
     /// Write each prepared device's entry in its ResourceClaim's `status.devices` (KEP-4817)
     /// and remove it at unprepare.
     pub claim_status: bool,
+    /// Write the KEP-5304 device metadata of each prepared request
+    /// (`<plugins_dir>/<driver_name>/dra-device-metadata/`) and mount it into the containers
+    /// through the claim's CDI spec (docs/dra.md, "Device metadata").
+    pub device_metadata: bool,
     /// Pools published in the ResourceSlices; empty publishes every pool. Lets one node serve
     /// some pools through DRA and others through the device plugin without the scheduler
     /// counting a device through both.
@@ -347,6 +351,7 @@ impl Default for DraConfig {
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
             claim_status: true,
+            device_metadata: true,
             pools: Vec::new(),
         }
     }

@@ -340,6 +340,7 @@ fn pools(pools: &[PoolConfig]) -> Checked {
             FamilyConfig::Shared {
                 replicas,
                 compute_percent_per_share,
+                mps,
                 ..
             } => {
                 if *replicas == 0 {
@@ -353,6 +354,30 @@ fn pools(pools: &[PoolConfig]) -> Checked {
                         at(&[Key("family"), Key("compute_percent_per_share")]),
                         format!("pool {n:?}: compute_percent_per_share must be 0 to 100"),
                     )?;
+                }
+                if let Some(m) = mps {
+                    for (field, dir) in [
+                        ("pipe_directory", &m.pipe_directory),
+                        ("log_directory", &m.log_directory),
+                    ] {
+                        if !dir.starts_with('/') || dir.contains(['\0', ',']) {
+                            fail(
+                                at(&[Key("family"), Key("mps"), Key(field)]),
+                                format!(
+                                    "pool {n:?}: mps.{field} must be an absolute path without commas, not {dir:?}"
+                                ),
+                            )?;
+                        }
+                    }
+                    if m.pipe_directory == m.log_directory {
+                        fail(
+                            at(&[Key("family"), Key("mps"), Key("log_directory")]),
+                            format!(
+                                "pool {n:?}: mps.log_directory must differ from mps.pipe_directory ({:?})",
+                                m.pipe_directory
+                            ),
+                        )?;
+                    }
                 }
             }
             FamilyConfig::Sliced { slots, profiles } => {

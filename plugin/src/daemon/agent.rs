@@ -575,11 +575,15 @@ impl Agent {
                     }
                 }
                 grant.env.extend(e.env);
-                grant.mounts.extend(
-                    e.mounts
-                        .into_iter()
-                        .map(|m| (m.host_path, m.container_path, m.options)),
-                );
+                // One mount per container path (an MPS pool's directories come with every
+                // device of the pool): a runtime refuses an adjustment mounting a path twice.
+                for m in e.mounts {
+                    if !grant.mounts.iter().any(|(_, c, _)| *c == m.container_path) {
+                        grant
+                            .mounts
+                            .push((m.host_path, m.container_path, m.options));
+                    }
+                }
             }
             if let Some(v) = vendor {
                 for node in v.device_nodes {

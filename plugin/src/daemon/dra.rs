@@ -18,6 +18,7 @@ use crate::kubelet::{
     AllocatedClaim, ClaimSource, DraDriver, DraDriverConfig, DraService, DraSettings,
     HealthService, KubeletError, PrepareObserver, REFRESH, WATCH_EVERY,
 };
+use crate::metadata::{AttributeSource, MetadataStore, MetadataWriter};
 
 /// Why the DRA driver could not start.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +111,19 @@ pub struct DraParts {
     pub source: Arc<dyn ClaimSource>,
     /// Told what was prepared and unprepared (the claims' per-device status), if anything.
     pub observer: Option<Arc<dyn PrepareObserver>>,
+    /// The published devices' attributes, for the device metadata (none without an API
+    /// server: no metadata is written).
+    pub attributes: Option<Arc<dyn AttributeSource>>,
+}
+
+/// Where the device metadata files of `config`'s DRA driver go: the driver's directory under
+/// the kubelet's plugins dir, `dra-device-metadata/`.
+pub fn metadata_dir(config: &Config) -> std::path::PathBuf {
+    config
+        .dra
+        .plugins_dir
+        .join(&config.dra.driver_name)
+        .join("dra-device-metadata")
 }
 
 /// Serves the kubelet's DRA plugin sockets as `config.dra` says and adds the registration's
@@ -120,6 +134,7 @@ pub fn start(config: &Config, agent: &Agent, parts: DraParts) -> Result<DraDrive
         .resolve_node_name()
         .ok_or(DraStartError::NoNodeName)?;
     let published = parts.engine.with_node(|n| n.published());
+    let engine = parts.engine.clone();
     let dra = DraService::new(
         DraSettings {
             driver: config.dra.driver_name.clone(),
@@ -132,6 +147,13 @@ pub fn start(config: &Config, agent: &Agent, parts: DraParts) -> Result<DraDrive
     );
     if let Some(o) = parts.observer {
         dra.set_observer(o);
+    }
+    if let (true, Some(attributes)) = (config.dra.device_metadata, parts.attributes) {
+        let writer = Arc::new(MetadataWriter::new(MetadataStore::new(metadata_dir(
+            config,
+        ))));
+        engine.set_claim_files(writer.clone());
+        dra.set_metadata(writer, attributes);
     }
     let health = HealthService::new(parts.health, &published, &node, REFRESH);
     let driver = DraDriver::start_with_limits(

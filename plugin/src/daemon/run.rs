@@ -422,6 +422,16 @@ impl Daemon {
         }
         let e = engine.clone();
         tasks.push(tokio::spawn(flush_pending_updates(e)));
+        // A device whose MPS pipe directory is missing is refused at every fresh grant, on
+        // every door, whatever the health checks say.
+        let pipes = mps_pipes(config, &engine.snapshot());
+        if !pipes.is_empty() {
+            let host = crate::discovery::RootFs::new(&config.discovery.root);
+            let pipes = pipes.clone();
+            engine.set_device_check(Arc::new(move |id: &str| {
+                crate::device_health::mps_missing(&pipes, &host, id)
+            }));
+        }
         let device_health = match config.discovery.health_check_secs {
             0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
             secs => {
@@ -434,6 +444,17 @@ impl Daemon {
                             composer.device(pool, &d.id).err()
                         })
                     });
+                // A shared pool's device whose MPS pipe directory is missing too.
+                let mps = (!pipes.is_empty()).then(|| {
+                    crate::device_health::mps_check(pipes.clone(), &config.discovery.root)
+                });
+                let extra = match (extra, mps) {
+                    (Some(a), Some(b)) => {
+                        Some(Arc::new(move |d: &policies::Device| a(d).or_else(|| b(d)))
+                            as crate::device_health::ExtraCheck)
+                    }
+                    (a, b) => a.or(b),
+                };
                 let (monitor, task) = HealthMonitor::start_with(
                     &config.discovery,
                     inventory,
@@ -476,8 +497,15 @@ impl Daemon {
                     Arc::new(super::dra::ClaimStatusObserver::new(w, &engine))
                         as Arc<dyn crate::kubelet::PrepareObserver>
                 }),
+                attributes: kube.as_ref().map(|k| k.attributes()),
             };
-            Some(super::dra::start(config, &agent, parts)?)
+            let driver = super::dra::start(config, &agent, parts)?;
+            // Device metadata of claims without a record (a crash after the files and before
+            // the spec, or during an unprepare) goes before any new prepare can be answered.
+            if let Err(e) = engine.sweep_claim_files().await {
+                tracing::error!(error = %e, "the sweep of orphaned device metadata failed; it runs again with the next reconciliation");
+            }
+            Some(driver)
         } else {
             None
         };
@@ -948,4 +976,28 @@ fn add_readiness_checks(
             }),
         );
     }
+}
+
+/// Device id -> the MPS pipe directory its pool names, for the devices of shared pools in MPS
+/// mode (the health check makes them unhealthy while the directory is missing).
+fn mps_pipes(
+    config: &Config,
+    snapshot: &policies::Snapshot,
+) -> std::collections::BTreeMap<String, String> {
+    snapshot
+        .pools
+        .iter()
+        .filter_map(|p| {
+            let pool = config.pools.iter().find(|c| c.name == p.name)?;
+            match &pool.family {
+                policies::FamilyConfig::Shared { mps: Some(m), .. } => Some((p, m)),
+                _ => None,
+            }
+        })
+        .flat_map(|(p, m)| {
+            p.devices
+                .iter()
+                .map(|d| (d.id.clone(), m.pipe_directory.clone()))
+        })
+        .collect()
 }

@@ -21,6 +21,7 @@
 //! lock and the CDI dir are still what it opened (`identity`, issue 39).
 
 mod ask;
+mod claim_files;
 mod claim_locks;
 mod claim_names;
 mod crash;
@@ -44,6 +45,7 @@ use serde::Serialize;
 use crate::checkpoint::{Change, Checkpoint, CheckpointOptions, Loaded};
 
 pub use ask::{ResultRef, check_results, describe, describe_held, describe_holding, same_ask};
+pub use claim_files::ClaimFiles;
 pub use claim_locks::{ClaimGuard, ClaimLocks};
 pub use claim_names::{ClaimCall, ClaimName};
 pub use crash::{CRASH_ENV, CrashHook, CrashPoint, HookAction, hook_from_env};
@@ -180,8 +182,16 @@ pub struct Engine {
     crash: Option<CrashHook>,
     tally: tally::Tally,
     identity: Arc<identity::Identity>,
+    /// Files grants carry beside their specs (device metadata), once the daemon sets them.
+    files: std::sync::OnceLock<Arc<dyn ClaimFiles>>,
+    /// Why a device cannot be handed out now (none: it can), once the daemon sets it.
+    device_check: std::sync::OnceLock<DeviceCheck>,
     composer: std::sync::OnceLock<Arc<dyn Composer>>,
 }
+
+/// Answers why device `id` cannot be handed out now (a shared pool's MPS pipe directory is
+/// missing), or `None` when it can. Called under the engine's state lock: keep it to a stat.
+pub type DeviceCheck = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// The startup reconciliation of a loaded checkpoint and the spec files, decided before
 /// anything is written: the plan, or the refusal when a spec proves a lost commit.
@@ -336,6 +346,8 @@ impl Engine {
             crash,
             tally: tally::Tally::default(),
             identity,
+            files: std::sync::OnceLock::new(),
+            device_check: std::sync::OnceLock::new(),
             composer: std::sync::OnceLock::new(),
         };
         Ok((
@@ -545,6 +557,19 @@ impl Engine {
             let outcome = allocate(&mut st.node).inspect_err(|refusal| {
                 self.tally.refused(&origin, &refusal.reason);
             })?;
+            // An adoption only records what a running container already holds: never refused.
+            if !outcome.already
+                && cdi
+                && let Some(refusal) = self.unavailable(uid, &outcome.allocation)
+            {
+                // Nothing was committed: give back what the policy just took.
+                st.node.release(uid);
+                if st.node.allocation(uid).is_none() {
+                    st.forget(uid);
+                }
+                self.tally.refused(&origin, &refusal.reason);
+                return Err(refusal.into());
+            }
             if !outcome.already {
                 // Set with the allocation, so memory never shows the claim with another origin
                 // than its record's, whatever happens to the caller after the commit.
@@ -683,11 +708,27 @@ impl Engine {
         let edits_len = edits.len();
         let specs = self.specs.clone();
         let id = uid.to_string();
+        let files = self.files.get().cloned();
+        let requests: Vec<String> = allocation
+            .results
+            .iter()
+            .map(|g| g.request.clone())
+            .collect();
         // (whether this call writes the spec, what it answered)
         let written = blocking(uid, move || match already.then(|| specs.exists(&id)) {
             Some(Ok(true)) => (false, specs.device_ids(&id, edits.len())),
             Some(Err(e)) => (false, Err(e)),
-            _ => (true, specs.write_stamped(&id, &stamp, &edits)),
+            _ => {
+                // The claim's files go right before its spec, which mounts them.
+                let mut edits = edits;
+                if let Some(files) = &files {
+                    match files.write(&id, &requests) {
+                        Ok(mounts) => claim_files::add_mounts(&mut edits, mounts),
+                        Err(e) => return (true, Err(e)),
+                    }
+                }
+                (true, specs.write_stamped(&id, &stamp, &edits))
+            }
         })
         .await;
         let ids = match written {
@@ -827,6 +868,7 @@ impl Engine {
     /// Drops the record of a claim that has no spec and gives its units back.
     async fn roll_back(&self, uid: &str) -> Result<(), EngineError> {
         let updates = self.release_committed(uid).await?;
+        self.remove_claim_files(uid).await;
         if !updates.is_empty() {
             self.flush_pending().await;
         }
@@ -1169,6 +1211,10 @@ impl Engine {
                 tracing::warn!(claim = %uid, "removed an orphan CDI spec");
                 done.remove_specs.push(uid);
             }
+        }
+        // The files of the specs removed (and of claims rolled back) go with them.
+        if let Err(e) = self.sweep_claim_files().await {
+            tracing::error!(error = %e, "the sweep of orphaned device metadata failed; it runs again with the next reconciliation");
         }
         Ok(done)
     }

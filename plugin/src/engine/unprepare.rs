@@ -59,6 +59,8 @@ impl Engine {
             Err(e) if e.is_crash() => return Err(e),
             Err(e) => return Err(self.put_spec_back(uid, content, e).await),
         };
+        // The files the spec mounted go after it and the record.
+        self.remove_claim_files(uid).await;
         self.step(CrashPoint::AfterCheckpoint)?;
         self.step(CrashPoint::AfterRelease)?;
         if !updates.is_empty() {
@@ -75,14 +77,25 @@ impl Engine {
         let env = self.journal.record(uid).map(|r| r.env).unwrap_or_default();
         let st = self.state();
         let allocation = st.node.allocation(uid)?;
-        let edits = st
+        let mut edits: Vec<cdi::DeviceEdits> = st
             .node
             .edits(uid)?
             .iter()
             .zip(&allocation.results)
             .map(|(e, g)| edits::to_cdi(e, env.get(&g.request)))
             .collect();
+        let requests: Vec<String> = allocation
+            .results
+            .iter()
+            .map(|g| g.request.clone())
+            .collect();
         drop(st);
+        match self.claim_file_mounts(uid, &requests) {
+            Ok(mounts) => super::claim_files::add_mounts(&mut edits, mounts),
+            Err(e) => {
+                tracing::warn!(claim = %uid, error = %e, "the claim's device metadata could not be listed; a spec written back would not mount it")
+            }
+        }
         let stamp = cdi::Stamp {
             seq: self.journal.record_seq(uid).unwrap_or(0),
             boot_id: self.journal.boot_id().to_string(),

@@ -51,10 +51,17 @@ impl ClaimSource for ApiServerClaims {
                 ),
                 e => format!("claim {}/{}: {e}", c.namespace, c.name),
             })?;
+        let pod_claim_name = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::metadata::POD_CLAIM_NAME_ANNOTATION))
+            .cloned();
         allocation_for(&claim, &c.uid, &self.driver, &self.pool)
             .map(|a| AllocatedClaim {
                 env: a.env(),
                 results: a.results,
+                pod_claim_name,
             })
             .map_err(|e| e.to_string())
     }

@@ -8,6 +8,7 @@
 //! [`claims`] turns a fetched claim into what the engine prepares. docs/dra.md is the operator's
 //! side of all this.
 
+pub mod attributes;
 mod claim_source;
 pub mod claim_status;
 pub mod claims;
@@ -25,6 +26,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 
+pub use attributes::{SliceAttributes, published_attributes};
 pub use claim_source::ApiServerClaims;
 pub use claim_status::{ClaimStatusReport, ClaimStatusWriter, PreparedStatus};
 pub use claims::{ClaimAllocation, ClaimError, allocation_for};

@@ -232,6 +232,15 @@ impl KubeSide {
         &self.publisher
     }
 
+    /// The attributes of the devices as published now (the KEP-5304 device metadata).
+    pub fn attributes(&self) -> Arc<dyn crate::metadata::AttributeSource> {
+        Arc::new(super::SliceAttributes::new(
+            self.source.subscribe(),
+            self.publisher.subscribe(),
+            &self.driver,
+        ))
+    }
+
     /// Publishes from a new source (inventory or pools changed).
     pub fn republish(&self, source: PublishSource) {
         self.source.send_replace(Arc::new(source));

@@ -26,6 +26,9 @@ use crate::claims_api::{
 };
 use crate::engine::{Engine, RequestEnv};
 use crate::gate::Gate;
+use crate::metadata::{
+    AttributeSource, ClaimMetadata, MetadataDevice, MetadataWriter, RequestMetadata,
+};
 
 /// Most claims one call may name (a pod's claims; the kubelet sends one pod's at a time).
 pub const MAX_CLAIMS: usize = 128;
@@ -66,6 +69,10 @@ pub struct AllocatedClaim {
     /// What the claim's opaque configuration sets in the environment of the containers using
     /// each request's devices (empty without configuration).
     pub env: RequestEnv,
+    /// The pod's name for the claim when it was made from a ResourceClaimTemplate (the claim's
+    /// `resource.kubernetes.io/pod-claim-name` annotation): its device metadata goes under
+    /// `resourceclaimtemplates/<this name>` in the container.
+    pub pod_claim_name: Option<String>,
 }
 
 /// Who this DRA driver is on this node.
@@ -131,6 +138,14 @@ struct Inner {
     published: HashMap<String, String>,
     /// Told what was prepared and unprepared, once set.
     observer: std::sync::OnceLock<Arc<dyn PrepareObserver>>,
+    /// Where each prepared request's device metadata (KEP-5304) is staged, once set.
+    metadata: std::sync::OnceLock<DeviceMetadata>,
+}
+
+/// The device metadata writer the engine writes through, and the published attributes.
+struct DeviceMetadata {
+    writer: Arc<MetadataWriter>,
+    attributes: Arc<dyn AttributeSource>,
 }
 
 impl DraService {
@@ -159,6 +174,7 @@ impl DraService {
                 source,
                 published,
                 observer: std::sync::OnceLock::new(),
+                metadata: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -167,6 +183,16 @@ impl DraService {
     /// set is kept.
     pub fn set_observer(&self, observer: Arc<dyn PrepareObserver>) {
         let _ = self.inner.observer.set(observer);
+    }
+
+    /// Writes the KEP-5304 device metadata of each claim this service prepares: staged in
+    /// `writer`, which must be the engine's [`crate::engine::ClaimFiles`], with each device's
+    /// attributes from `attributes`. Only the first call counts.
+    pub fn set_metadata(&self, writer: Arc<MetadataWriter>, attributes: Arc<dyn AttributeSource>) {
+        let _ = self
+            .inner
+            .metadata
+            .set(DeviceMetadata { writer, attributes });
     }
 
     /// Who this driver is.
@@ -235,11 +261,16 @@ impl Inner {
         let looked_up = futures::future::join_all(unique.iter().map(|c| self.ask(c))).await;
         let mut specs = Vec::new();
         let mut asked = BTreeSet::new();
+        let mut staged = Vec::new();
         for (c, a) in unique.iter().zip(looked_up) {
             match a {
-                Ok(spec) => {
+                Ok((spec, metadata)) => {
                     specs.push(spec);
                     asked.insert(c.uid.clone());
+                    if let (Some(m), Some(md)) = (metadata, self.metadata.get()) {
+                        md.writer.stage(m);
+                        staged.push(c.uid.clone());
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(claim = %c.uid, namespace = %c.namespace, name = %c.name, error = %e, "claim not prepared");
@@ -251,6 +282,11 @@ impl Inner {
             for (uid, answer) in self.claims.prepare(specs).await {
                 asked.remove(&uid);
                 answers.insert(uid, answer.map(|d| self.answer(d)));
+            }
+        }
+        if let Some(md) = self.metadata.get() {
+            for uid in &staged {
+                md.writer.unstage(uid);
             }
         }
         for uid in asked {
@@ -301,11 +337,14 @@ impl Inner {
     /// allocation never changes under one UID, and the first prepare checked it. A claim holding
     /// shares is read again, as the record does not keep the share IDs the answer carries; when
     /// that read fails, it too is answered from the record (without them).
-    async fn ask(&self, c: &ClaimRef) -> Result<ClaimSpec, String> {
+    ///
+    /// A claim read from the source also comes with its device metadata to stage (when
+    /// metadata is written): the engine writes it only when it grants the claim afresh.
+    async fn ask(&self, c: &ClaimRef) -> Result<(ClaimSpec, Option<ClaimMetadata>), String> {
         check_uid(&c.uid)?;
         check_claim_name(c)?;
         if let Some((spec, false)) = self.held(c) {
-            return Ok(spec);
+            return Ok((spec, None));
         }
         let read = tokio::time::timeout(SOURCE_TIMEOUT, self.source.allocation(c))
             .await
@@ -320,11 +359,42 @@ impl Inner {
         let read = match read {
             Ok(read) => read,
             // Held meanwhile (a concurrent call prepared it): answered from the record.
-            Err(e) => return self.held(c).map(|(spec, _)| spec).ok_or(e),
+            Err(e) => return self.held(c).map(|(spec, _)| (spec, None)).ok_or(e),
         };
-        Ok(ClaimSpec {
+        let spec = ClaimSpec {
             env: read.env.clone(),
             ..spec(c, self.engine_results(c, &read.results)?)
+        };
+        Ok((spec, self.metadata_of(c, &read)))
+    }
+
+    /// What the device metadata files of claim `c` say, from its allocation (in the claim's
+    /// terms: the DRA pool and published names) and the devices' published attributes.
+    fn metadata_of(&self, c: &ClaimRef, read: &AllocatedClaim) -> Option<ClaimMetadata> {
+        let md = self.metadata.get()?;
+        let mut requests: Vec<RequestMetadata> = Vec::new();
+        for r in &read.results {
+            let device = MetadataDevice {
+                driver: r.driver.clone(),
+                pool: r.pool.clone(),
+                name: r.device.clone(),
+                attributes: md.attributes.attributes(&r.device).unwrap_or_default(),
+            };
+            match requests.iter_mut().find(|q| q.name == r.request) {
+                Some(q) => q.devices.push(device),
+                None => requests.push(RequestMetadata {
+                    name: r.request.clone(),
+                    devices: vec![device],
+                }),
+            }
+        }
+        Some(ClaimMetadata {
+            driver: self.settings.driver.clone(),
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+            uid: c.uid.clone(),
+            pod_claim_name: read.pod_claim_name.clone(),
+            requests,
         })
     }
 

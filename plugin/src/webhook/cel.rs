@@ -62,7 +62,7 @@ pub fn matches(expression: &str, device: &CelDevice) -> Result<bool, CelError> {
     }
 }
 
-/// Whether `expression` can be read by [`matches`] at all (parsing only).
+/// Whether `expression` can be read by [`fn@matches`] at all (parsing only).
 pub fn supported(expression: &str) -> Result<(), CelError> {
     let tokens = lex(expression)?;
     let mut p = Parser { tokens, at: 0 };

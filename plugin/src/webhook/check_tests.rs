@@ -253,6 +253,7 @@ fn the_refusals_are_the_ones_the_node_gives_for_what_it_publishes() {
                 replicas: 4,
                 memory_mib_per_share: 0,
                 compute_percent_per_share: 0,
+                mps: None,
             },
         ),
         PoolConfig::of_ids(

@@ -46,6 +46,7 @@ pub fn source(exclusive: usize) -> PublishSource {
                 replicas: 4,
                 memory_mib_per_share: 20480,
                 compute_percent_per_share: 25,
+                mps: None,
             },
         ),
         PoolConfig::of_ids(

@@ -41,6 +41,8 @@ pub struct StoredClaim {
     pub results: Option<Vec<DraResult>>,
     /// What the claim's opaque configuration sets, per request.
     pub env: RequestEnv,
+    /// The pod's name for a claim made from a template (its annotation).
+    pub pod_claim_name: Option<String>,
 }
 
 /// The API server's ResourceClaims as the DRA service reads them: keyed by namespace/name,
@@ -120,6 +122,7 @@ impl ClaimSource for FakeClaims {
         Ok(AllocatedClaim {
             results,
             env: stored.env,
+            pod_claim_name: stored.pod_claim_name,
         })
     }
 }
@@ -138,6 +141,17 @@ pub struct Rig {
     pub health: watch::Sender<Arc<HealthReport>>,
     pub published: Vec<PublishedDevice>,
     pub driver: Option<DraDriver>,
+    /// Where the device metadata goes, for a rig that writes it.
+    pub metadata: Option<PathBuf>,
+}
+
+/// The published attributes of the rig's node, as the daemon's publisher builds them.
+pub struct RigAttributes(BTreeMap<String, BTreeMap<String, serde_json::Value>>);
+
+impl nri_accel::metadata::AttributeSource for RigAttributes {
+    fn attributes(&self, name: &str) -> Option<BTreeMap<String, serde_json::Value>> {
+        self.0.get(name).cloned()
+    }
 }
 
 impl Rig {
@@ -148,8 +162,19 @@ impl Rig {
         rig
     }
 
+    /// The node with the gate open, writing each prepared request's device metadata.
+    pub async fn with_metadata() -> Rig {
+        let rig = Rig::closed_with(true).await;
+        rig.gate.open();
+        rig
+    }
+
     /// The node with the gate still closed.
     pub async fn closed() -> Rig {
+        Rig::closed_with(false).await
+    }
+
+    async fn closed_with(metadata: bool) -> Rig {
         let dir = tempfile::Builder::new().prefix("dra-").tempdir().unwrap();
         let config = nri_accel::fixtures::config(dir.path());
         let found = nri_accel::discovery::discover_root(&config.discovery).unwrap();
@@ -182,6 +207,21 @@ impl Rig {
             gate.clone(),
             claims.clone(),
         );
+        let metadata_dir = metadata.then(|| dir.path().join("dra-device-metadata"));
+        if let Some(md) = &metadata_dir {
+            let writer = Arc::new(nri_accel::metadata::MetadataWriter::new(
+                nri_accel::metadata::MetadataStore::new(md),
+            ));
+            engine.set_claim_files(writer.clone());
+            let source = nri_accel::kube::publisher::PublishSource {
+                inventory: inventory.clone(),
+                pools: config.pools.clone(),
+                published: published.clone(),
+                pcie_roots: BTreeMap::new(),
+            };
+            let attributes = nri_accel::kube::published_attributes(&source, DRIVER, false);
+            dra.set_metadata(writer, Arc::new(RigAttributes(attributes)));
+        }
         let (monitor, health) = HealthMonitor::fixed(HealthReport::all_healthy(&inventory));
         let health_service =
             HealthService::new(monitor, &published, POOL, Duration::from_secs(3600));
@@ -210,6 +250,7 @@ impl Rig {
             health,
             published,
             driver: Some(driver),
+            metadata: metadata_dir,
         }
     }
 
@@ -278,6 +319,7 @@ impl Rig {
                 uid: uid.into(),
                 results,
                 env: RequestEnv::new(),
+                pod_claim_name: None,
             },
         );
         claim(uid, name)

@@ -86,6 +86,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
                 replicas: layout.replicas,
                 memory_mib_per_share: 1_000,
                 compute_percent_per_share: 1,
+                mps: None,
             },
             cpus_per_device: 0,
             passthrough: false,

@@ -60,6 +60,7 @@ pub fn shared(replicas: u32, mem: u64, pct: u32) -> FamilyConfig {
         replicas,
         memory_mib_per_share: mem,
         compute_percent_per_share: pct,
+        mps: None,
     }
 }
 

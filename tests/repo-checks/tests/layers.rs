@@ -10,8 +10,16 @@ use std::process::Command;
 
 use repo_checks::imports::Graph;
 
-/// The claim core: what allocates, commits and proves a grant. Top-level modules of the plugin.
-const CORE: [&str; 5] = ["engine", "checkpoint", "gate", "allocator", "device_health"];
+/// The claim core: what allocates, commits and proves a grant (the device metadata files a DRA
+/// grant carries beside its spec included). Top-level modules of the plugin.
+const CORE: [&str; 6] = [
+    "engine",
+    "checkpoint",
+    "gate",
+    "allocator",
+    "device_health",
+    "metadata",
+];
 
 /// What every layer reads: these import neither the core nor the outer layer.
 const BASE: [&str; 11] = [

@@ -15,6 +15,10 @@ use crate::names::{is_dns_label, truncate};
 /// The standard attribute naming a device's PCIe root complex.
 pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 
+/// The standard attribute naming a device's PCI address (`dddd:bb:dd.f`), published for every
+/// device with one; KubeVirt and the KEP-5304 device metadata read it.
+pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+
 /// The standard attribute naming a device's NUMA node (KEP-6072): a list of ints, the device's
 /// own node first, where the API server keeps list values (`DRAListTypeAttributes`), else the
 /// scalar int of its own node.
@@ -182,6 +186,7 @@ pub fn device(
     put("deviceId", string(&d.id));
     if let Some(a) = &d.pci_address {
         put("pciAddress", string(a));
+        put(PCI_BUS_ID, string(a));
     }
     if let Some(id) = &d.pci_id {
         put("pciId", string(id));

@@ -33,7 +33,7 @@ use policies::{FamilyConfig, Inventory, PoolConfig, PublishedDevice, PublishedKi
 use serde::Serialize;
 
 use device::{DeviceFacts, Shape};
-pub use device::{NUMA_NODE, PCIE_ROOT};
+pub use device::{NUMA_NODE, PCI_BUS_ID, PCIE_ROOT};
 
 use crate::names::is_dns_label;
 

@@ -43,6 +43,7 @@ fn shared() -> FamilyConfig {
         replicas: 4,
         memory_mib_per_share: 20480,
         compute_percent_per_share: 25,
+        mps: None,
     }
 }
 

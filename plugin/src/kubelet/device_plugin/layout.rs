@@ -212,6 +212,7 @@ mod tests {
                     replicas: 3,
                     memory_mib_per_share: 0,
                     compute_percent_per_share: 0,
+                    mps: None,
                 },
             ),
             PoolConfig::of_ids("mig", &["g3"], sliced()),
@@ -303,6 +304,7 @@ mod tests {
                     replicas: 2,
                     memory_mib_per_share: 0,
                     compute_percent_per_share: 0,
+                    mps: None,
                 },
             ),
         ];

@@ -451,13 +451,21 @@ impl DevicePlugins {
                     }
                 }
                 answer.envs.extend(e.env);
-                answer
-                    .mounts
-                    .extend(e.mounts.into_iter().map(|m| pb::Mount {
-                        read_only: m.options.iter().any(|o| o == "ro"),
-                        container_path: m.container_path,
-                        host_path: m.host_path,
-                    }));
+                for m in e.mounts {
+                    // One mount per container path (an MPS pool's directories come with
+                    // every device of the pool).
+                    if answer
+                        .mounts
+                        .iter()
+                        .all(|a| a.container_path != m.container_path)
+                    {
+                        answer.mounts.push(pb::Mount {
+                            read_only: m.options.iter().any(|o| o == "ro"),
+                            container_path: m.container_path,
+                            host_path: m.host_path,
+                        });
+                    }
+                }
             }
         }
         Ok(answer)
