@@ -23,7 +23,9 @@ import (
 //     has; one asking what fits is admitted; two claims that fit alone but not together on one
 //     node are refused;
 //   - a VMI asking through a claim request, or by device plugin resource name, more than any node
-//     has is refused with its sentence; one that fits is admitted.
+//     has is refused with its sentence; one that fits is admitted;
+//   - a claim naming (by deviceId) the device a running pod's claim holds is refused naming the
+//     holder.
 func webhookDRAandVMs(t *testing.T, c *Cluster, url, caBundle string) {
 	// A server-side dry run renders with the server's API versions (helm's .Capabilities), as
 	// an install on this cluster would; its configuration then replaces scenarioWebhook's.
@@ -140,6 +142,35 @@ func webhookDRAandVMs(t *testing.T, c *Cluster, url, caBundle string) {
 	}
 	if err := dryRun(vmiYAML("wh-vm-one", "", 1)); err != nil {
 		t.Errorf("a VMI asking one device of accel.nri.io/whole was refused: %v", err)
+	}
+
+	// A device held by a running pod's claim, named by another claim (seed 003's "a device
+	// another VM holds"): refused naming the holder once the webhook's list of claims has it.
+	c.apply(claimTemplateYAML("wh-any", oneDevice("accel-gpu", "", "")))
+	defer c.kubectlErr("delete", "resourceclaimtemplate", "wh-any", "-n", "default", "--ignore-not-found")
+	c.apply(podYAML("wh-holder", "wh-any"))
+	holder := c.waitRunning(t, "wh-holder", 120*time.Second)
+	defer c.deletePod(t, "wh-holder")
+	claim := c.claimOfPod(t, holder)
+	held := allocatedDevices(claim)
+	if len(held) != 1 {
+		t.Fatalf("wh-holder's claim is allocated %v, want one device", held)
+	}
+	device := held[0][strings.LastIndex(held[0], "/")+1:]
+	id := str(c.publishedDevices(t)[device], "attributes", "deviceId", "string")
+	c.apply(claimTemplateYAML("wh-named", oneDevice("accel-gpu", fmt.Sprintf(`device.attributes["accel.nri.io"].deviceId == "%s"`, id), "")))
+	defer c.kubectlErr("delete", "resourceclaimtemplate", "wh-named", "-n", "default", "--ignore-not-found")
+	wantHeld := fmt.Sprintf("claim template default/wh-named (pod claim gpu) request gpu: the devices it names are held (%s by claim default/%s)",
+		device, str(claim, "metadata", "name"))
+	var err2 error
+	waitFor(60*time.Second, func() bool {
+		err2 = dryRun(claimPodYAML("wh-named-pod", "wh-named"))
+		return err2 != nil
+	})
+	if err2 == nil || !strings.Contains(err2.Error(), wantHeld) {
+		t.Errorf("a pod naming device %s (%s), which wh-holder's claim holds: got %v, want\n  %s", id, device, err2, wantHeld)
+	} else {
+		t.Logf("refused: %s", err2)
 	}
 }
 

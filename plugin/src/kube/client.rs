@@ -187,6 +187,34 @@ impl KubeClient {
     }
 }
 
+impl KubeClient {
+    /// Every ResourceClaim of every namespace, in pages of 500, at most 50,000 (the webhook's
+    /// view of which devices are held).
+    pub async fn list_claims(&self) -> Result<Vec<ResourceClaim>, KubeError> {
+        let api: Api<ResourceClaim> = Api::all(self.client.clone());
+        let mut params = ListParams::default().limit(CLAIM_PAGE);
+        let mut out = Vec::new();
+        loop {
+            let page = api
+                .list(&params)
+                .await
+                .map_err(|e| KubeError::from_kube("the ResourceClaims".to_string(), e))?;
+            out.extend(page.items);
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() && out.len() < MAX_CLAIMS => {
+                    params = params.continue_token(&token);
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+}
+
+/// ResourceClaims asked for in one list call of [`KubeClient::list_claims`].
+const CLAIM_PAGE: u32 = 500;
+/// The most ResourceClaims [`KubeClient::list_claims`] keeps.
+const MAX_CLAIMS: usize = 50_000;
+
 /// DeviceClasses read by [`KubeClient::list_device_classes`].
 const MAX_DEVICE_CLASSES: u32 = 500;
 

@@ -76,13 +76,15 @@ pub async fn claim_asks(
             },
             None => None,
         };
-        let (label, found) = match (&c.resource_claim_name, &c.resource_claim_template_name) {
+        let (label, id, found) = match (&c.resource_claim_name, &c.resource_claim_template_name) {
             (Some(n), _) => (
                 format!("claim {namespace}/{n}"),
+                Some(format!("{namespace}/{n}")),
                 lookup.claim(namespace, n).await,
             ),
             (None, Some(t)) => (
                 format!("claim template {namespace}/{t} (pod claim {})", c.name),
+                None,
                 lookup.template(namespace, t).await,
             ),
             (None, None) => continue,
@@ -93,7 +95,11 @@ pub async fn claim_asks(
                 if let Some(names) = names.filter(|n| !n.is_empty()) {
                     requests.retain(|r| names.contains(&r.name.as_str()));
                 }
-                asks.push(ClaimAsk { label, requests });
+                asks.push(ClaimAsk {
+                    label,
+                    id,
+                    requests,
+                });
             }
             Ok(None) => warnings.push(format!(
                 "{label} does not exist yet: nri-accel's webhook did not check it"

@@ -15,7 +15,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimSpec, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimSpec, ResourceSlice,
+};
 
 use super::cel::{self, AttrValue, CelDevice, CelError};
 
@@ -24,6 +26,8 @@ use super::cel::{self, AttrValue, CelDevice, CelError};
 pub struct SliceDevice {
     /// Its name in the slice.
     pub name: String,
+    /// Its pool (nri-accel's pool is named after its node).
+    pub pool: String,
     /// Driver and attributes, for the selectors.
     pub cel: CelDevice,
     /// Whether one claim holds it alone (not shared, not a partition drawing on counters).
@@ -39,6 +43,8 @@ pub struct DraView {
     pub nodes: BTreeMap<String, Vec<SliceDevice>>,
     /// DeviceClass name -> its CEL selectors.
     pub classes: BTreeMap<String, Vec<String>>,
+    /// Devices allocated to a claim now: (pool, device) -> the claim, `namespace/name`.
+    pub held: BTreeMap<(String, String), String>,
 }
 
 impl DraView {
@@ -69,6 +75,7 @@ impl DraView {
                 }
                 nodes.entry(node.clone()).or_default().push(SliceDevice {
                     name: d.name.clone(),
+                    pool: slice.spec.pool.name.clone(),
                     cel: CelDevice {
                         driver: slice.spec.driver.clone(),
                         attributes,
@@ -96,7 +103,31 @@ impl DraView {
             driver: driver.to_string(),
             nodes,
             classes,
+            held: BTreeMap::new(),
         }
+    }
+
+    /// Records the devices of `driver` that `claims` are allocated now.
+    pub fn with_held(mut self, claims: &[ResourceClaim]) -> DraView {
+        for c in claims {
+            let who = format!(
+                "{}/{}",
+                c.metadata.namespace.as_deref().unwrap_or_default(),
+                c.metadata.name.as_deref().unwrap_or_default()
+            );
+            let results = c
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_deref())
+                .unwrap_or_default();
+            for r in results.iter().filter(|r| r.driver == self.driver) {
+                self.held
+                    .insert((r.pool.clone(), r.device.clone()), who.clone());
+            }
+        }
+        self
     }
 }
 
@@ -125,6 +156,8 @@ pub struct Alternative {
 pub struct ClaimAsk {
     /// `claim ns/name`, or `claim template ns/name (pod claim gpu)`.
     pub label: String,
+    /// `namespace/name` of a claim named directly (its own devices are not held by another).
+    pub id: Option<String>,
     /// Its requests (those a VM names, for a VM; all, for a pod).
     pub requests: Vec<Request>,
 }
@@ -263,6 +296,19 @@ pub fn judge(view: &DraView, whose: &str, claims: &[ClaimAsk]) -> Judgement {
             ));
         }
     }
+    // A request naming its devices, every one of which another claim holds now.
+    for claim in claims {
+        for request in &claim.requests {
+            if let [alt] = request.alternatives.as_slice()
+                && let Some(count) = alt.count
+                && names_devices(alt)
+                && judgeable(view, alt).is_ok()
+                && let Some(why) = held_elsewhere(view, claim, request, alt, count)
+            {
+                return Judgement::Refused(why);
+            }
+        }
+    }
     // Then all together on one node.
     let total: u32 = joint.iter().map(|(j, _)| j.count.unwrap_or(0)).sum();
     let mut best_together = 0;
@@ -287,6 +333,58 @@ pub fn judge(view: &DraView, whose: &str, claims: &[ClaimAsk]) -> Judgement {
     Judgement::Refused(format!(
         "{whose}: no one node can serve all its claims together ({}: {total} devices in all; the most any node can give them at once is {best_together}); a pod's claims are allocated on one node, so ask for fewer or split them across pods",
         names.join(", ")
+    ))
+}
+
+/// The attributes that identify one device: a selector testing one of them for equality names
+/// the devices it wants.
+const IDENTITY: [&str; 5] = ["deviceId", "pciAddress", "pciBusID", "uuid", "iommuGroup"];
+
+/// Whether `alt`'s own selectors name devices (an equality on an identity attribute).
+fn names_devices(alt: &Alternative) -> bool {
+    alt.selectors.iter().any(|s| {
+        IDENTITY
+            .iter()
+            .any(|a| s.contains(&format!(".{a} ==")) || s.contains(&format!("[\"{a}\"] ==")))
+    })
+}
+
+/// The refusal of a request naming devices when, on every node, fewer than `count` of them are
+/// not held by another claim, and some are held: the sentence names the holders.
+fn held_elsewhere(
+    view: &DraView,
+    claim: &ClaimAsk,
+    request: &Request,
+    alt: &Alternative,
+    count: u32,
+) -> Option<String> {
+    let mut holders: Vec<(String, String)> = Vec::new();
+    for devices in view.nodes.values() {
+        let mut free = 0;
+        for d in devices.iter().filter(|d| candidate(view, alt, d)) {
+            match view.held.get(&(d.pool.clone(), d.name.clone())) {
+                Some(h) if d.exclusive && claim.id.as_deref() != Some(h.as_str()) => {
+                    holders.push((d.name.clone(), h.clone()));
+                }
+                _ => free += 1,
+            }
+        }
+        if free >= count as usize {
+            return None;
+        }
+    }
+    if holders.is_empty() {
+        return None;
+    }
+    let held: Vec<String> = holders
+        .iter()
+        .map(|(d, h)| format!("{d} by claim {h}"))
+        .collect();
+    Some(format!(
+        "{} request {}: the devices it names are held ({}); a device is allocated to one claim at a time, so it waits until that claim is deleted: ask for another device or delete the holder",
+        claim.label,
+        request.name,
+        held.join(", ")
     ))
 }
 

@@ -1,7 +1,9 @@
 //! The DRA judge on hand-made slices and classes: what no node could allocate is refused with
 //! its sentence; what some node could, or what the judge cannot read, is admitted.
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimSpec, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimSpec, ResourceSlice,
+};
 use serde_json::json;
 
 use super::*;
@@ -67,6 +69,7 @@ fn claim(label: &str, requests: serde_json::Value) -> ClaimAsk {
         serde_json::from_value(json!({"devices": {"requests": requests}})).unwrap();
     ClaimAsk {
         label: label.to_string(),
+        id: None,
         requests: requests_of(&spec),
     }
 }
@@ -162,5 +165,54 @@ fn what_the_judge_cannot_read_is_admitted_with_a_warning() {
     assert!(
         why.contains("no node publishes devices for any of its alternatives"),
         "{why}"
+    );
+}
+
+#[test]
+fn a_named_device_another_claim_holds_is_refused_naming_the_holder() {
+    let held: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "vm-a", "namespace": "vms"},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": DRIVER, "pool": "a", "device": "gpu0"}]}}}
+    }))
+    .unwrap();
+    let v = view(&[slice("a", 2, 0)]).with_held(&[held]);
+    let named = |id: &str| {
+        json!([{"name": "gpu", "exactly": {"deviceClassName": "accel-gpu", "count": 1,
+            "selectors": [{"cel": {"expression": format!("device.attributes[\"resource.kubernetes.io\"].pciBusID == '{id}'")}}]}}])
+    };
+    let why = refused(judge(
+        &v,
+        "pod ns/p",
+        &[claim("claim ns/vm-b", named("0000:10:00.0"))],
+    ));
+    assert_eq!(
+        why,
+        "claim ns/vm-b request gpu: the devices it names are held (gpu0 by claim vms/vm-a); a device is allocated to one claim at a time, so it waits until that claim is deleted: ask for another device or delete the holder"
+    );
+    // The other device is free; and the holder itself, named again, is not refused.
+    assert!(
+        servable(judge(
+            &v,
+            "pod ns/p",
+            &[claim("claim ns/vm-b", named("0000:11:00.0"))]
+        ))
+        .is_empty()
+    );
+    let mut own = claim("claim vms/vm-a", named("0000:10:00.0"));
+    own.id = Some("vms/vm-a".into());
+    assert!(servable(judge(&v, "pod ns/p", &[own])).is_empty());
+    // A request by class alone waits for a free device: not refused while both are held.
+    assert!(
+        servable(judge(
+            &v,
+            "pod ns/p",
+            &[claim(
+                "claim ns/any",
+                json!([exactly("gpu", "accel-gpu", 1)])
+            )]
+        ))
+        .is_empty()
     );
 }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use policies::Device;
 
 use super::dra::DraView;
@@ -100,6 +100,11 @@ pub trait SliceSource: Send + Sync + 'static {
     async fn classes(&self) -> Result<Vec<DeviceClass>, String> {
         Ok(Vec::new())
     }
+
+    /// Every ResourceClaim with an allocation (which devices are held now); none by default.
+    async fn allocated_claims(&self) -> Result<Vec<ResourceClaim>, String> {
+        Ok(Vec::new())
+    }
 }
 
 #[async_trait::async_trait]
@@ -112,6 +117,10 @@ impl SliceSource for crate::kube::KubeClient {
 
     async fn classes(&self) -> Result<Vec<DeviceClass>, String> {
         self.list_device_classes().await.map_err(|e| e.to_string())
+    }
+
+    async fn allocated_claims(&self) -> Result<Vec<ResourceClaim>, String> {
+        self.list_claims().await.map_err(|e| e.to_string())
     }
 }
 
@@ -155,6 +164,13 @@ impl Fleet {
                         tracing::warn!(error = %why, "webhook: cannot list the DeviceClasses; DRA claims are judged with the classes known before");
                         let mut view = DraView::new(driver, &slices, &[]);
                         view.classes = self.dra().classes;
+                        view
+                    }
+                };
+                let view = match source.allocated_claims().await {
+                    Ok(claims) => view.with_held(&claims),
+                    Err(why) => {
+                        tracing::warn!(error = %why, "webhook: cannot list the ResourceClaims; devices held by claims are not judged");
                         view
                     }
                 };
