@@ -143,11 +143,12 @@ impl VendorSpec {
                 limit: MAX_SPEC_BYTES,
             });
         }
-        let spec: VendorSpec = if path.extension().is_some_and(|e| e == "json") {
+        let mut spec: VendorSpec = if path.extension().is_some_and(|e| e == "json") {
             serde_json::from_slice(bytes).map_err(|e| bad(first_line(&e.to_string())))?
         } else {
             serde_saphyr::from_slice(bytes).map_err(|e| bad(first_line(&e.to_string())))?
         };
+        spec.default_minors();
         spec.check().map_err(bad)?;
         Ok(spec)
     }
@@ -160,6 +161,21 @@ impl VendorSpec {
     /// `kind=name`, the name a runtime resolves.
     pub fn qualified(&self, device: &VendorDevice) -> String {
         format!("{}={}", self.kind, device.name)
+    }
+
+    /// A device node with a major and no minor has minor 0: the CDI Go types leave a zero minor
+    /// out (`omitempty`), so NVIDIA's toolkit writes `/dev/nvidia0` and `/dev/nvidia-uvm` that
+    /// way, and the Go CDI library, containerd and CRI-O read it as 0.
+    fn default_minors(&mut self) {
+        let edits = std::iter::once(&mut self.container_edits)
+            .chain(self.devices.iter_mut().map(|d| &mut d.container_edits));
+        for e in edits {
+            for n in &mut e.device_nodes {
+                if n.major.is_some() && n.minor.is_none() {
+                    n.minor = Some(0);
+                }
+            }
+        }
     }
 
     fn check(&self) -> Result<(), String> {
@@ -305,6 +321,18 @@ containerEdits:
             [("NVIDIA_VISIBLE_DEVICES".into(), "void".into())]
         );
         assert_eq!(common.hooks[0].args[1], "update-ldcache");
+    }
+
+    /// NVIDIA's toolkit writes a minor-0 node with its major alone (the Go type's `omitempty`).
+    #[test]
+    fn a_major_without_a_minor_is_minor_zero() {
+        let spec = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - {path: /dev/nvidia0, type: c, major: 195}\ncontainerEdits:\n  deviceNodes:\n  - {path: /dev/nvidia-uvm, type: c, major: 510}\n  - {path: /dev/nvidiactl, type: c, major: 195, minor: 255}\n";
+        let s = VendorSpec::decode(spec.as_bytes(), Path::new("/var/run/cdi/nvidia.yaml")).unwrap();
+        let own = &s.devices[0].container_edits.device_nodes[0];
+        assert_eq!((own.major, own.minor), (Some(195), Some(0)));
+        let common = &s.container_edits.device_nodes;
+        assert_eq!((common[0].major, common[0].minor), (Some(510), Some(0)));
+        assert_eq!((common[1].major, common[1].minor), (Some(195), Some(255)));
     }
 
     #[test]

@@ -589,6 +589,13 @@ impl Agent {
                 for node in v.device_nodes {
                     if seen.insert(node.path.clone()) {
                         grant.device_nodes.push(node);
+                    } else if let Some(own) =
+                        grant.device_nodes.iter_mut().find(|d| d.path == node.path)
+                    {
+                        // The vendor's spec may allow more on a node nri-accel also grants
+                        // (`rwm` where discovery says `rw`): the container gets the union, as a
+                        // runtime applying both specs would give it.
+                        own.permissions = union_permissions(&own.permissions, &node.permissions);
                     }
                 }
                 // The vendor's variables first: nri-accel's own (share and slice limits) win.
@@ -1012,4 +1019,9 @@ impl Agent {
         self.engine
             .with_claims(|claims| super::status::render(&parts, claims))
     }
+}
+
+/// The union of two device cgroup access strings, in `rwm` order.
+fn union_permissions(a: &str, b: &str) -> String {
+    "rwm".chars().filter(|c| a.contains(*c) || b.contains(*c)).collect()
 }

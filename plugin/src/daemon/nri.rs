@@ -237,7 +237,21 @@ pub fn adjustment(grant: &ContainerGrant) -> ContainerAdjustment {
         rule.major = MessageField::some(int64(i64::from(node.major)));
         rule.minor = MessageField::some(int64(i64::from(node.minor)));
         rule.access = node.permissions.clone();
-        resources.devices.push(rule);
+        // One rule per device number: a node reached by two paths (nri-accel's and a vendor
+        // spec's) widens the first rule's access instead of adding a second.
+        match resources
+            .devices
+            .iter_mut()
+            .find(|r| r.type_ == rule.type_ && r.major == rule.major && r.minor == rule.minor)
+        {
+            Some(first) => {
+                first.access = "rwm"
+                    .chars()
+                    .filter(|c| first.access.contains(*c) || rule.access.contains(*c))
+                    .collect();
+            }
+            None => resources.devices.push(rule),
+        }
     }
     if grant.cpus.is_some() || grant.mems.is_some() {
         let mut cpu = LinuxCPU::new();
