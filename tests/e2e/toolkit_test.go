@@ -335,7 +335,13 @@ func compareVendorEdits(want, got *rspec.Spec, f *nvidiaFixture) []string {
 		if w := want.Linux.Resources; w != nil {
 			for _, rule := range w.Devices {
 				if !hasDeviceRule(got, rule) {
-					diffs = append(diffs, fmt.Sprintf("device cgroup rule %s is missing", ruleString(rule)))
+					var rules []string
+					if got.Linux != nil && got.Linux.Resources != nil {
+						for _, r := range got.Linux.Resources.Devices {
+							rules = append(rules, ruleString(r))
+						}
+					}
+					diffs = append(diffs, fmt.Sprintf("device cgroup rule %s is missing; the container's rules: %v", ruleString(rule), rules))
 				}
 			}
 		}
