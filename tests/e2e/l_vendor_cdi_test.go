@@ -102,7 +102,8 @@ func keepVendorSpecOnFailure(t *testing.T, f *nvidiaFixture) {
 // the device cgroup lets through (ENXIO: the fixture's majors have no driver), no other GPU's
 // node, the spec's env, and the effects of the toolkit's hooks, which the runtime ran:
 // create-symlinks made libcuda.so, update-ldcache wrote its drop-in and ran the host's ldconfig
-// in the container, whose cache lists the libraries and which made their soname links.
+// in the container, whose cache lists the libraries and which made their soname links, and
+// update-application-profile found exactly the granted GPU's node in the container's /dev.
 func (n *Node) assertVendorInside(t *testing.T, f *nvidiaFixture, id string, g nvidiaGPU, want *rspec.Spec) {
 	t.Helper()
 	for _, m := range want.Mounts {
@@ -164,6 +165,14 @@ func (n *Node) assertVendorInside(t *testing.T, f *nvidiaFixture, id string, g n
 			t.Errorf("container %s's /etc/ld.so.cache does not list %s.so.1: %v", id, l, err)
 		}
 	}
+	// update-application-profile writes the mask of the GPU nodes it found in the container's
+	// /dev when it ran: exactly the granted GPU's minor.
+	profile := "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf"
+	mask := fmt.Sprintf(`"EGLVisibleDGPUDevices",0x%x]`, uint64(1)<<g.Minor)
+	if out, err := n.CRI.Exec(id, "cat", profile); err != nil || !strings.Contains(out, mask) {
+		t.Errorf("%s inside container %s: %q %v; want the update-application-profile hook's mask of GPU minor %d (%s)",
+			profile, id, out, err, g.Minor, mask)
+	}
 }
 
 // assertNoVendorEdits checks that container id (`what`) has nothing of NVIDIA's spec: in the
@@ -197,7 +206,7 @@ func (n *Node) assertNoVendorEdits(t *testing.T, f *nvidiaFixture, id, what stri
 		}
 	}
 	lib := "/" + nvidiaLibDir
-	paths := []string{"/etc/ld.so.cache", "/etc/ld.so.conf.d", lib + "/libcuda.so", lib + "/libcuda.so.1"}
+	paths := []string{"/etc/ld.so.cache", "/etc/ld.so.conf.d", "/etc/nvidia", lib + "/libcuda.so", lib + "/libcuda.so.1"}
 	for _, m := range want.Mounts {
 		paths = append(paths, m.Destination)
 	}
