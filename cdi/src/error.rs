@@ -73,6 +73,16 @@ pub enum CdiError {
         /// The parser's message (with line and column for YAML).
         reason: String,
     },
+    /// A vendor's CDI spec (read, never written) that cannot be used.
+    #[error(
+        "vendor CDI spec {path} cannot be used: {reason}; fix or remove the file (nri-accel reads it again before the next grant)"
+    )]
+    Vendor {
+        /// The vendor spec file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The CDI directory cannot be used as one (a symbolic link, not a directory).
     #[error("CDI directory: {0}")]
     Dir(String),

@@ -26,6 +26,7 @@ mod names;
 mod spec;
 mod stamp;
 mod store;
+mod vendor;
 
 pub use dir::{Dir, DirError, DirMoved};
 pub use durable::{SPEC_MODE, SyncPoint, WriteStep};
@@ -35,3 +36,4 @@ pub use names::{MAX_CLAIM_UID_LEN, validate_claim_uid};
 pub use spec::{ContainerEdits, Device, MAX_SPEC_BYTES, Spec, SpecFormat};
 pub use stamp::Stamp;
 pub use store::{FaultHook, ListedSpec, SpecStore, StepHook, StoreConfig};
+pub use vendor::{VendorDevice, VendorEdits, VendorSpec};

@@ -89,6 +89,47 @@ spec_json = ('{"cdiVersion":"0.3.0","kind":"accel.nri.io/device","devices":[{"na
              '"containerEdits":{"deviceNodes":[{"path":"/dev/accel/accel0"}]}}],"containerEdits":{}}' % UID)
 put("cdi_spec", "spec.json", b"\x03" + spec_json.encode())
 
+# --- vendor_spec: [selector] then a vendor's spec (NVIDIA-shaped: index, UUID, MIG, all) ---
+vendor_yaml = """cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+- name: GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+- name: "0:1"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+    - {path: /dev/nvidia-caps/nvidia-cap12, major: 237, minor: 12}
+- name: all
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+containerEdits:
+  env:
+  - NVIDIA_VISIBLE_DEVICES=void
+  deviceNodes:
+  - path: /dev/nvidiactl
+  - {path: /dev/nvidia-uvm, major: 510, minor: 0}
+  mounts:
+  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+    containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+    options: [ro, nosuid, nodev, bind]
+  hooks:
+  - hookName: createContainer
+    path: /usr/bin/nvidia-cdi-hook
+    args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib/x86_64-linux-gnu]
+"""
+put("vendor_spec", "nvidia.yaml", b"\x00" + vendor_yaml.encode())
+vendor_json = ('{"cdiVersion":"0.6.0","kind":"amd.com/gpu","devices":[{"name":"0","containerEdits":'
+               '{"deviceNodes":[{"path":"/dev/dri/renderD128"},{"path":"/dev/kfd"}]}}]}')
+put("vendor_spec", "amd.json", b"\x01" + vendor_json.encode())
+
 # --- discovery: records path 0x1f content, separated by 0x1e; links as "->target" ---
 for name in sorted(os.listdir(os.path.join(ROOT, "plugin/tests/fixtures/sysfs"))):
     base = os.path.join(ROOT, "plugin/tests/fixtures/sysfs", name)

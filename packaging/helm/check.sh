@@ -55,6 +55,66 @@ fi
 grep -q "needs metrics.proxy" "$work/err" || { cat "$work/err" >&2; fail "the ServiceMonitor refusal does not say why"; }
 echo "ServiceMonitor without the proxy: refused"
 
+# One pool on both doors (issue 37): refused with a sentence; disjoint pools render and load.
+both=(--set roles.devicePlugin.enabled=true)
+if "$helm" template nri-accel "$chart" "${both[@]}" >/dev/null 2>"$work/err"; then
+    fail "DRA and the device plugin on every pool rendered: the scheduler would count the devices twice"
+fi
+grep -q "disjoint lists of pool names" "$work/err" || { cat "$work/err" >&2; fail "the both-roles refusal does not say what to set"; }
+pools=(--set 'pools[0].name=a' --set 'pools[0].family.kind=exclusive' --set 'pools[1].name=b' --set 'pools[1].family.kind=exclusive')
+if "$helm" template nri-accel "$chart" "${both[@]}" "${pools[@]}" --set 'roles.dra.pools={a,b}' \
+        --set 'roles.devicePlugin.config.pools={b}' >/dev/null 2>"$work/err"; then
+    fail "pool b on both doors rendered"
+fi
+grep -q 'pool "b" is in both' "$work/err" || { cat "$work/err" >&2; fail "the one-pool-on-both-doors refusal does not name the pool"; }
+"$helm" template nri-accel "$chart" "${both[@]}" "${pools[@]}" --set 'roles.dra.pools={a}' \
+    --set 'roles.devicePlugin.config.pools={b}' --show-only templates/configmap.yaml \
+    | awk 'f { sub(/^    /, ""); print } /config.yaml: \|/ { f = 1 }' >"$work/split.yaml"
+"$bin" check-config "$work/split.yaml" >"$work/check" 2>&1 \
+    || { cat "$work/check" >&2; fail "the config with pools split between DRA and the device plugin does not load"; }
+echo "one pool on both doors: refused; split pools: config ok"
+
+# The fleet defaults: only labelled nodes, scoped tolerations, probes; node-feature-discovery.
+"$helm" template nri-accel "$chart" --show-only templates/daemonset.yaml >"$work/ds.yaml"
+grep -q 'accel.nri.io/enabled: "true"' "$work/ds.yaml" || fail "the DaemonSet does not select the labelled nodes by default"
+grep -q -- '- operator: Exists' "$work/ds.yaml" && fail "the DaemonSet tolerates every taint"
+for probe in startupProbe readinessProbe livenessProbe; do
+    grep -q "$probe:" "$work/ds.yaml" || fail "the DaemonSet has no $probe"
+done
+grep -q 'failureThreshold: 120' "$work/ds.yaml" || fail "the startup probe does not allow probes.startupSeconds (600 s)"
+"$helm" template nri-accel "$chart" --set nodeFeatureDiscovery.enabled=true --show-only templates/daemonset.yaml >"$work/nfd.yaml"
+grep -q 'feature.node.kubernetes.io/pci-0302_10de.present' "$work/nfd.yaml" || fail "nodeFeatureDiscovery.enabled renders no NFD label term"
+grep -q 'nodeSelector:' "$work/nfd.yaml" && fail "with nodeFeatureDiscovery the label is a nodeSelector (ANDed), not one of the affinity's terms"
+echo "fleet defaults: labelled nodes, scoped tolerations, probes, NFD terms"
+
+# The webhook: rolls on a config change, a PDB, a cert-manager certificate.
+wh=(--set roles.webhook.enabled=true --show-only templates/webhook.yaml)
+"$helm" template nri-accel "$chart" "${wh[@]}" >"$work/wh1.yaml"
+"$helm" template nri-accel "$chart" "${wh[@]}" --set 'pools[0].name=other' --set 'pools[0].family.kind=exclusive' >"$work/wh2.yaml"
+h1=$(grep config-sha256 "$work/wh1.yaml"); h2=$(grep config-sha256 "$work/wh2.yaml")
+[ -n "$h1" ] && [ "$h1" != "$h2" ] || fail "the webhook's pod template does not change with the pools ($h1 / $h2)"
+grep -q 'subPath:' "$work/wh1.yaml" && fail "the webhook mounts its config by subPath, which never sees an update"
+grep -q 'kind: PodDisruptionBudget' "$work/wh1.yaml" || fail "the webhook has no PodDisruptionBudget"
+grep -q 'topologySpreadConstraints' "$work/wh1.yaml" || fail "the webhook's replicas are not spread"
+"$helm" template nri-accel "$chart" "${wh[@]}" --set roles.webhook.certManager.enabled=true \
+    --set roles.webhook.certManager.issuerRef.kind=Issuer --set roles.webhook.certManager.issuerRef.name=selfsigned >"$work/cm.yaml"
+grep -q 'kind: Certificate' "$work/cm.yaml" && grep -q 'cert-manager.io/inject-ca-from: nri-accel/nri-accel-webhook' "$work/cm.yaml" \
+    || grep -q 'cert-manager.io/inject-ca-from: default/nri-accel-webhook' "$work/cm.yaml" \
+    || fail "certManager.enabled renders no Certificate or no CA injection"
+if "$helm" template nri-accel "$chart" "${wh[@]}" --set roles.webhook.certManager.enabled=true >/dev/null 2>"$work/err"; then
+    fail "certManager without an issuerRef rendered"
+fi
+grep -q 'size(object.spec.resourceClaims) > 0' "$work/wh1.yaml" || fail "pods with DRA claims are not sent to the webhook"
+# VMIs: judged when the cluster serves KubeVirt's CRD (kubevirt: auto), or when forced.
+grep -q 'vmis.accel.nri.io' "$work/wh1.yaml" && fail "the VMI rule is on in a cluster without KubeVirt"
+"$helm" template nri-accel "$chart" "${wh[@]}" --api-versions kubevirt.io/v1/VirtualMachineInstance | grep -q 'vmis.accel.nri.io' \
+    || fail "the VMI rule is off in a cluster that serves kubevirt.io/v1 VirtualMachineInstance"
+"$helm" template nri-accel "$chart" "${wh[@]}" --set roles.webhook.kubevirt=false --api-versions kubevirt.io/v1/VirtualMachineInstance \
+    | grep -q 'vmis.accel.nri.io' && fail "roles.webhook.kubevirt=false left the VMI rule on"
+"$helm" template nri-accel "$chart" "${wh[@]}" --set roles.webhook.kubevirt=true | grep -q 'vmis.accel.nri.io' \
+    || fail "roles.webhook.kubevirt=true did not turn the VMI rule on"
+echo "webhook: rolls on config, PDB, spread, cert-manager; DRA-claim pods; VMIs with KubeVirt's CRD"
+
 bash packaging/helm/render.sh --check
 
 if [ -n "${NRI_ACCEL_HELM_KUBECONFIG:-}" ]; then

@@ -89,6 +89,7 @@ fn node(devices: u32, family: FamilyConfig) -> Node {
         family,
         cpus_per_device: 0,
         unhealthy: Default::default(),
+        vendor_cdi: Default::default(),
     }];
     Node::new(inv, &pools, &Registry::with_builtins()).unwrap()
 }

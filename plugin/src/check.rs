@@ -61,6 +61,14 @@ pub enum Warning {
     /// `nri.cdi_injection: cdi` is set: the annotation path injects device nodes whatever it
     /// says.
     CdiInjectionIgnored,
+    /// A device of a pool with `vendor_cdi` on cannot be composed with a vendor CDI spec now:
+    /// none describes it (`required`), a spec cannot be used, or two disagree (docs/gpus.md).
+    VendorCdi {
+        /// The pool.
+        pool: String,
+        /// The sentence naming the device, the spec file(s) or the spec dirs read.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Warning {
@@ -104,6 +112,11 @@ impl fmt::Display for Warning {
                  CreateContainer and a runtime's CDI cache may not have seen it yet (containerd \
                  failed 2-5 % of such grants); remove the setting (docs/configuration.md)",
             ),
+            Warning::VendorCdi { pool, reason } => write!(
+                f,
+                "pool {pool} composes grants with vendor CDI specs, and for now: {reason} \
+                 (docs/gpus.md)"
+            ),
         }
     }
 }
@@ -139,7 +152,41 @@ pub fn check_inventory(
         .collect();
     warnings.extend(pool_warnings(config, &found.inventory));
     let node = Node::new(found.inventory, &config.pools, registry)?;
+    warnings.extend(vendor_warnings(config, &node));
     Ok(Checked { node, warnings })
+}
+
+/// What the vendor CDI specs say now of the devices of pools with `vendor_cdi` on: one warning
+/// per distinct sentence (a spec that cannot be used is named once, not once per device).
+fn vendor_warnings(config: &Config, node: &Node) -> Vec<Warning> {
+    let specs = std::sync::Arc::new(
+        crate::vendor::VendorSpecs::new(
+            config.cdi.vendor_spec_dirs.clone(),
+            format!("{}/{}", config.cdi.vendor, config.cdi.class),
+            format!("{}-{}_", config.cdi.vendor, config.cdi.class),
+        )
+        .quiet(),
+    );
+    let Some(composer) = crate::vendor::VendorComposer::new(specs, node.inventory(), &config.pools)
+    else {
+        return Vec::new();
+    };
+    let mut out: Vec<Warning> = Vec::new();
+    for pool in config.pools.iter().filter(|p| !p.vendor_cdi.is_off()) {
+        for d in node.pool_devices(&pool.name).unwrap_or_default() {
+            if let Err(reason) = composer.device(&pool.name, &d.id)
+                && !out
+                    .iter()
+                    .any(|w| matches!(w, Warning::VendorCdi { reason: r, .. } if *r == reason))
+            {
+                out.push(Warning::VendorCdi {
+                    pool: pool.name.clone(),
+                    reason,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The warnings about the pools and the inventory, without building any policy.

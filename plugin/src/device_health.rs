@@ -38,8 +38,9 @@ impl DeviceHealth {
     }
 
     /// Why it is unhealthy as a label value (a taint's value, docs/dra.md "Device health"):
-    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, or
-    /// `unhealthy` for a reason this module did not word; empty when healthy.
+    /// `gone-from-sysfs`, `driver-unbound`, `driver-changed`, `device-node-gone`, `vendor-cdi`
+    /// (the daemon's vendor CDI check, docs/gpus.md), or `unhealthy` for a reason this module
+    /// did not word; empty when healthy.
     pub fn cause(&self) -> &'static str {
         let r = self.reason.as_str();
         match () {
@@ -48,6 +49,7 @@ impl DeviceHealth {
             () if r.contains(") was unbound from its driver ") => "driver-unbound",
             () if r.contains(") is bound to ") => "driver-changed",
             () if r.starts_with("device node ") && r.ends_with(" is gone") => "device-node-gone",
+            () if r.contains("vendor CDI spec") => "vendor-cdi",
             () => "unhealthy",
         }
     }
@@ -59,6 +61,10 @@ impl DeviceHealth {
         }
     }
 }
+
+/// A check of the daemon's own beyond what this module sees: one sentence when `device` must
+/// not be handed out (a `vendor_cdi: required` pool's device no vendor CDI spec describes).
+pub type ExtraCheck = Arc<dyn Fn(&Device) -> Option<String> + Send + Sync>;
 
 /// Every device's health at one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,13 +143,20 @@ fn assess(
     baselines: &BTreeMap<String, Baseline>,
     rescan: Option<&Inventory>,
     host: &dyn HostFs,
+    extra: Option<&ExtraCheck>,
 ) -> BTreeMap<String, DeviceHealth> {
     inventory
         .devices
         .iter()
         .map(|d| {
             let base = baselines.get(&d.id);
-            (d.id.clone(), judge(d, base, rescan, host))
+            let mut h = judge(d, base, rescan, host);
+            if h.healthy
+                && let Some(reason) = extra.and_then(|x| x(d))
+            {
+                h = DeviceHealth::unhealthy(reason);
+            }
+            (d.id.clone(), h)
         })
         .collect()
 }
@@ -210,10 +223,21 @@ impl HealthMonitor {
         inventory: Inventory,
         every: Duration,
     ) -> (HealthMonitor, JoinHandle<()>) {
+        Self::start_with(cfg, inventory, every, None)
+    }
+
+    /// [`HealthMonitor::start`] with the daemon's `extra` check run on every device the
+    /// monitor finds healthy.
+    pub fn start_with(
+        cfg: &DiscoveryConfig,
+        inventory: Inventory,
+        every: Duration,
+        extra: Option<ExtraCheck>,
+    ) -> (HealthMonitor, JoinHandle<()>) {
         let host = RootFs::new(&cfg.root);
         let baselines = baseline(&inventory, &host);
         let first = HealthReport {
-            devices: assess(&inventory, &baselines, None, &host),
+            devices: assess(&inventory, &baselines, None, &host, extra.as_ref()),
             checked_at: SystemTime::now(),
         };
         let (tx, rx) = watch::channel(Arc::new(first));
@@ -225,7 +249,9 @@ impl HealthMonitor {
             loop {
                 tick.tick().await;
                 let (cfg, inv, base) = (cfg.clone(), inventory.clone(), baselines.clone());
-                let checked = tokio::task::spawn_blocking(move || check(&cfg, &inv, &base)).await;
+                let x = extra.clone();
+                let checked =
+                    tokio::task::spawn_blocking(move || check(&cfg, &inv, &base, x.as_ref())).await;
                 let Ok(devices) = checked else {
                     tracing::error!("the device health check panicked; it runs again next time");
                     continue;
@@ -252,6 +278,7 @@ fn check(
     cfg: &DiscoveryConfig,
     inventory: &Inventory,
     baselines: &BTreeMap<String, Baseline>,
+    extra: Option<&ExtraCheck>,
 ) -> BTreeMap<String, DeviceHealth> {
     let host = RootFs::new(&cfg.root);
     let rescan = if cfg.sysfs {
@@ -265,7 +292,7 @@ fn check(
     } else {
         None
     };
-    assess(inventory, baselines, rescan.as_ref(), &host)
+    assess(inventory, baselines, rescan.as_ref(), &host, extra)
 }
 
 /// Publishes `devices` if any device's health changed, logging each change. An empty map (a
@@ -322,6 +349,7 @@ mod tests {
                 permissions: "rw".into(),
             }],
             control_nodes: vec![],
+            uuid: None,
         }
     }
 
@@ -339,7 +367,7 @@ mod tests {
         };
         let base = baseline(&inv, &host);
         // Nothing changed: healthy (b's node never existed: nothing to lose).
-        let same = assess(&inv, &base, Some(&inv), &host);
+        let same = assess(&inv, &base, Some(&inv), &host, None);
         assert!(same.values().all(|h| h.healthy), "{same:?}");
 
         // b vanished from sysfs, a lost its driver.
@@ -349,7 +377,7 @@ mod tests {
             devices: vec![unbound],
             cpus: Default::default(),
         };
-        let h = assess(&inv, &base, Some(&now), &host);
+        let h = assess(&inv, &base, Some(&now), &host, None);
         assert!(
             h["a"].reason.contains("unbound from its driver nvidia"),
             "{h:?}"
@@ -368,7 +396,7 @@ mod tests {
             devices: vec![vfio, b.clone()],
             cpus: Default::default(),
         };
-        let h = assess(&inv, &base, Some(&now), &host);
+        let h = assess(&inv, &base, Some(&now), &host, None);
         assert!(
             h["a"]
                 .reason
@@ -379,11 +407,23 @@ mod tests {
 
         // Its device node removed.
         std::fs::remove_file(root.path().join("dev/nvidia0")).unwrap();
-        let h = assess(&inv, &base, Some(&inv), &host);
+        let h = assess(&inv, &base, Some(&inv), &host, None);
         assert!(h["a"].reason.contains("/dev/nvidia0"), "{h:?}");
         assert_eq!(h["a"].cause(), "device-node-gone");
         assert!(h["b"].healthy);
         assert_eq!(h["b"].cause(), "");
+
+        // The daemon's extra check (vendor CDI) judges what this module finds healthy only.
+        let extra: ExtraCheck = Arc::new(|d: &Device| {
+            Some(format!(
+                "device {} of pool p is described by no vendor CDI spec in /etc/cdi",
+                d.id
+            ))
+        });
+        let h = assess(&inv, &base, Some(&inv), &host, Some(&extra));
+        assert_eq!(h["a"].cause(), "device-node-gone");
+        assert_eq!(h["b"].cause(), "vendor-cdi");
+        assert!(h["b"].reason.contains("/etc/cdi"), "{h:?}");
     }
 
     #[test]

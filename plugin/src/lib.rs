@@ -21,4 +21,5 @@ pub mod nodelock;
 pub mod notify;
 pub mod preflight;
 pub mod privileges;
+pub mod vendor;
 pub mod webhook;

@@ -207,6 +207,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
             family: FamilyConfig::Exclusive,
             cpus_per_device: 0,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "shared".into(),
@@ -218,6 +219,7 @@ fn mixed_agent(d: &Dirs) -> Agent {
             },
             cpus_per_device: 0,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ];
     let node = policies::Node::new(inventory(4), &pools, &Registry::with_builtins()).unwrap();

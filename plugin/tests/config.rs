@@ -82,14 +82,15 @@ fn packaged_config_examples_parse_when_uncommented() {
         out.push('\n');
     }
     let cfg = Config::from_yaml(&out, "uncommented").unwrap();
-    assert_eq!(cfg.pools.len(), 3);
+    assert_eq!(cfg.pools.len(), 4);
     assert!(matches!(
         cfg.pools[1].family,
         FamilyConfig::Shared { replicas: 4, .. }
     ));
     assert_eq!(cfg.pools[1].unhealthy, UnhealthyDevices::TaintNoSchedule);
+    assert_eq!(cfg.pools[2].vendor_cdi, policies::VendorCdi::Required);
     assert!(
-        matches!(&cfg.pools[2].family, FamilyConfig::Sliced { profiles, .. } if profiles.len() == 3)
+        matches!(&cfg.pools[3].family, FamilyConfig::Sliced { profiles, .. } if profiles.len() == 3)
     );
 }
 
@@ -542,4 +543,20 @@ fn the_device_plugin_daemonset_config_is_valid() {
     let cfg = Config::from_yaml(&text, "daemonset").unwrap();
     assert!(cfg.device_plugin.enabled);
     assert_eq!(cfg.discovery.root, PathBuf::from("/host"));
+}
+
+#[test]
+fn dra_pools_name_defined_pools() {
+    let ok = Config::from_yaml(&format!("{SLICED_POOLS}dra:\n  pools: [mig]\n"), "t.yaml").unwrap();
+    assert_eq!(ok.dra.pools, vec!["mig".to_string()]);
+    match err(&format!("{SLICED_POOLS}dra:\n  pools: [mig, nope]\n")) {
+        ConfigError::Invalid { field, message, .. } => {
+            assert_eq!(field, "dra.pools[1]");
+            assert!(
+                message.contains("dra.pools names pool \"nope\", which is not defined in pools"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }

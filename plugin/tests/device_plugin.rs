@@ -49,6 +49,7 @@ fn pools() -> Vec<PoolConfig> {
             family: FamilyConfig::Exclusive,
             cpus_per_device: 2,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "shared".into(),
@@ -60,6 +61,7 @@ fn pools() -> Vec<PoolConfig> {
             },
             cpus_per_device: 0,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mig".into(),
@@ -70,6 +72,7 @@ fn pools() -> Vec<PoolConfig> {
             },
             cpus_per_device: 0,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ]
 }

@@ -72,6 +72,9 @@ fn dgx_8xh100_finds_eight_gpus_over_two_numa_nodes() {
         };
         assert_eq!(dev.vendor, "nvidia");
         assert_eq!(dev.model, "NVIDIA H100 80GB HBM3");
+        // "GPU UUID" of the driver's information file (the fixture's: minor, then the bus).
+        let uuid = format!("GPU-{minor:08x}-5f1c-3b7e-a0d2-{}00c0ffee00", &dev.id[5..7]);
+        assert_eq!(dev.uuid.as_deref(), Some(uuid.as_str()));
         assert_eq!(dev.pci_id.as_deref(), Some("10de:2330"));
         assert_eq!(dev.pci_address.as_deref(), Some(dev.id.as_str()));
         assert_eq!(dev.numa_node, Some(numa), "{}", dev.id);

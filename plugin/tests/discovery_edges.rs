@@ -167,3 +167,40 @@ fn nvidia_without_uvm_keeps_the_gpu_and_warns_once() {
     assert_eq!(found.inventory.devices[1].nodes[0].path, "/dev/nvidia1");
     assert_eq!(found.inventory.devices[1].control_nodes.len(), 1);
 }
+
+#[test]
+fn a_gpu_uuid_the_driver_does_not_know_is_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let lines = [
+        "GPU UUID: \t GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c\n",
+        // Older drivers print question marks; a cut value is no UUID either.
+        "GPU UUID: \t ??\n",
+        "GPU UUID: \t GPU-4cf8db2d\n",
+    ];
+    for (i, line) in lines.iter().enumerate() {
+        let bdf = format!("0000:0{i}:00.0");
+        pci(root, &bdf, "0x030000\n", "0x10de\n", "0x2684\n");
+        write(
+            root,
+            &format!("/proc/driver/nvidia/gpus/{bdf}/information"),
+            &format!("Model: \t\t NVIDIA L4\n{line}Device Minor: \t {i}\n"),
+        );
+    }
+    write(
+        root,
+        "/proc/devices",
+        "Character devices:\n195 nvidia\n510 nvidia-uvm\n\nBlock devices:\n",
+    );
+    let found = run(root);
+    let uuids: Vec<Option<&str>> = found
+        .inventory
+        .devices
+        .iter()
+        .map(|d| d.uuid.as_deref())
+        .collect();
+    assert_eq!(
+        uuids,
+        [Some("GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c"), None, None]
+    );
+}

@@ -33,6 +33,7 @@ fn static_device(id: &str, model: &str) -> Device {
             permissions: "rw".to_string(),
         }],
         control_nodes: vec![],
+        uuid: None,
     }
 }
 

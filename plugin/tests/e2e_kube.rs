@@ -121,3 +121,48 @@ async fn cleanup_without_dra_touches_nothing() {
     assert!(st.success());
     assert!(out.contains("dra.enabled is false"), "{out}");
 }
+
+/// `dra.pools` (issue 37): the DRA driver publishes only the pools listed, so a node can serve
+/// its other pools through the device plugin without the scheduler counting a device twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_pools_dra_serves_are_published() {
+    let server = ApiServer::start().await.expect("api server");
+    server.add_node(NODE);
+    let node = TestNode::new(Shape::default(), "");
+    let kubeconfig = node.dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    node.enable_dra(NODE, &kubeconfig);
+    let config = std::fs::read_to_string(&node.config).unwrap();
+    let config = config.replacen(
+        "dra:\n  enabled: true\n",
+        "dra:\n  enabled: true\n  pools: [whole, shared]\n",
+        1,
+    );
+    std::fs::write(&node.config, config).unwrap();
+    let fake = runtime(&node).await;
+    let _daemon = node.spawn(&[]);
+    fake.wait_synchronized(1, WAIT).await.expect("synchronized");
+
+    let doc = wait_for("status to show the pool published", || async {
+        let doc = node.status_json().await;
+        (doc["kubernetes"]["resource_slices"]["state"] == "published").then_some(doc)
+    })
+    .await;
+    // 2 whole GPUs and 1 shared; the sliced pool's GPU and its partitions are left out.
+    assert_eq!(
+        doc["kubernetes"]["resource_slices"]["devices"], 3,
+        "{doc:#}"
+    );
+    let names: Vec<String> = server
+        .resource_slices()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| d["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(names.len(), 3, "{names:?}");
+    assert!(
+        names.iter().all(|n| !n.contains("1g") && !n.contains("4g")),
+        "a partition of the sliced pool was published: {names:?}"
+    );
+    fake.stop().await;
+}

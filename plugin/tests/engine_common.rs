@@ -53,6 +53,7 @@ pub fn pools(cpus_per_device: u32) -> Vec<PoolConfig> {
         family: FamilyConfig::Exclusive,
         cpus_per_device,
         unhealthy: Default::default(),
+        vendor_cdi: Default::default(),
     }]
 }
 

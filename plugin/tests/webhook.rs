@@ -139,6 +139,7 @@ fn two_gpu_node() -> Capacity {
                 driver: None,
                 nodes: Vec::new(),
                 control_nodes: Vec::new(),
+                uuid: None,
             },
             pool: "gpus".into(),
             family: "exclusive".into(),
@@ -156,6 +157,8 @@ async fn start(dir: &Path, capacity: Capacity) -> (SocketAddr, Arc<Certificates>
             registry: policies::Registry::with_builtins(),
         }),
         fleet: Fleet::fixed(capacity),
+        claims: None,
+        resource_prefix: "accel.nri.io".into(),
     };
     let server = serve("127.0.0.1:0".parse().unwrap(), &certs, state)
         .await

@@ -61,7 +61,7 @@ fn verdict(fleet: &Fleet, count: u32) -> (bool, Option<String>, Vec<String>) {
     let v = check(
         &rules,
         "ns",
-        request.object.as_ref().unwrap(),
+        &request.pod().unwrap().unwrap(),
         &fleet.capacity(),
     );
     (v.allowed, v.message, v.warnings)

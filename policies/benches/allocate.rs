@@ -35,6 +35,7 @@ fn device(i: u32) -> Device {
         driver: None,
         nodes: Vec::new(),
         control_nodes: Vec::new(),
+        uuid: None,
     }
 }
 
@@ -62,6 +63,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             family: FamilyConfig::Exclusive,
             cpus_per_device: 1,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mps".to_string(),
@@ -73,6 +75,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             },
             cpus_per_device: 0,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
         PoolConfig {
             name: "mig".to_string(),
@@ -88,6 +91,7 @@ fn pools(devices: &[Device]) -> Vec<PoolConfig> {
             },
             cpus_per_device: 0,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         },
     ]
 }

@@ -46,6 +46,11 @@ pub struct Device {
     /// (e.g. `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/kfd`); shared between devices.
     #[serde(default)]
     pub control_nodes: Vec<DeviceNode>,
+    /// The vendor's unique id of the device when its driver tells one (an NVIDIA GPU's
+    /// `GPU-<uuid>`, from `/proc/driver/nvidia/gpus/<bdf>/information`): published, shown in
+    /// `status`, and used to find the device in the vendor's CDI spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 /// A device node to create in a container.

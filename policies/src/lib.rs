@@ -43,6 +43,7 @@ pub use policy::{
 };
 pub use pool::{
     DeviceSelector, FamilyConfig, FamilyKind, PoolConfig, ProfileConfig, UnhealthyDevices,
+    VendorCdi,
 };
 pub use prefer::Candidate;
 pub use refusal::{PolicyError, PoolFree, Refusal, RefusalContext, RefusalReason};

@@ -23,6 +23,40 @@ pub struct PoolConfig {
     /// health"): withdrawn (the default) or tainted. Policies ignore it.
     #[serde(default, skip_serializing_if = "UnhealthyDevices::is_withdraw")]
     pub unhealthy: UnhealthyDevices,
+    /// Whether grants of this pool carry the device vendor's own CDI device and common edits
+    /// (its user space: driver libraries, binaries, hooks), read from the vendor's CDI spec
+    /// (docs/gpus.md). Policies ignore it.
+    #[serde(default, skip_serializing_if = "VendorCdi::is_off")]
+    pub vendor_cdi: VendorCdi,
+}
+
+/// Whether a pool's grants are composed with the vendor's CDI spec (docs/gpus.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VendorCdi {
+    /// Grants carry nri-accel's own edits only.
+    #[default]
+    Off,
+    /// A device a vendor spec describes is granted with that vendor device; others plainly.
+    Auto,
+    /// Only devices a vendor spec describes are offered; each grant carries its vendor device.
+    Required,
+}
+
+impl VendorCdi {
+    /// Whether this is the default, [`VendorCdi::Off`].
+    pub fn is_off(&self) -> bool {
+        *self == VendorCdi::Off
+    }
+
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VendorCdi::Off => "off",
+            VendorCdi::Auto => "auto",
+            VendorCdi::Required => "required",
+        }
+    }
 }
 
 /// How the DRA driver publishes a pool's unhealthy devices.
@@ -70,6 +104,7 @@ impl PoolConfig {
             family,
             cpus_per_device: 0,
             unhealthy: UnhealthyDevices::Withdraw,
+            vendor_cdi: VendorCdi::Off,
         }
     }
 }

@@ -173,6 +173,9 @@ func (c *Cluster) accelLog() string {
 func scenarioIManifests(t *testing.T, d *deployment) {
 	c := d.c
 	pkg := filepath.Join(testsDir(), "..", "packaging", "kubernetes")
+	// The shipped DaemonSet runs only on the nodes an operator labels (docs/kubernetes.md).
+	c.kubectl("label", "node", nodeName, "accel.nri.io/enabled=true")
+	defer c.kubectl("label", "node", nodeName, "accel.nri.io/enabled-")
 	for _, f := range []string{"rbac.yaml", "deviceclasses.yaml", "daemonset.yaml"} {
 		if out, err := c.kubectlErr("apply", "-f", filepath.Join(pkg, f)); err != nil {
 			t.Fatalf("kubectl apply -f packaging/kubernetes/%s: %v\n%s", f, err, out)
@@ -272,6 +275,8 @@ func scenarioIHelm(t *testing.T, d *deployment) {
 		t.Logf("helm %s: %.1f s", args[0], time.Since(begin).Seconds())
 		return out
 	}
+	c.kubectl("label", "node", nodeName, "accel.nri.io/enabled=true")
+	defer c.kubectl("label", "node", nodeName, "accel.nri.io/enabled-")
 	helm("install", release, chartDir(), "--create-namespace", "--set", "image.tag="+version, "-f", values, "--wait", "--timeout", "3m")
 	pod := c.waitDeployed(t, "", true)
 
@@ -378,6 +383,35 @@ func scenarioIHelm(t *testing.T, d *deployment) {
 		t.Errorf("the state left after helm uninstall is not empty (nri-accel reconcile --dry-run): %v\n%s", err, out)
 	}
 	t.Logf("left on the node after helm uninstall: %s; reconcile --dry-run:\n%s", treeOf(c.StateDir), out)
+
+	// A labelled node whose runtime has no NRI socket (issue 37): the pod does not hang in
+	// ContainerCreating on the host path; it starts, fails and its status says why.
+	noNRI := filepath.Join(c.Dir, "no-nri")
+	helm("install", release, chartDir(), "--set", "image.tag="+version, "-f", values,
+		"--set", "host.nriSocketDir="+noNRI)
+	var message string
+	if !waitFor(120*time.Second, func() bool {
+		for _, p := range c.accelPods(t) {
+			for _, at := range []string{"lastState", "state"} {
+				if m, ok := field(p, "status", "containerStatuses", 0, at, "terminated", "message").(string); ok && m != "" {
+					message = m
+				}
+			}
+		}
+		return strings.Contains(message, "does not exist: enable NRI")
+	}) {
+		out, _ := c.kubectlErr("describe", "pods", "-n", ns)
+		t.Errorf("no pod status saying the NRI socket is missing within 120 s (last message %q):\n%s", message, out)
+	} else {
+		t.Logf("without an NRI socket the pod's status says: %s", lastLine(message))
+	}
+	helm("uninstall", release, "--wait", "--timeout", "2m")
+}
+
+// lastLine answers the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }
 
 func keys(m map[string]obj) []string {

@@ -317,6 +317,12 @@ func scenarioWebhook(t *testing.T, c *Cluster) {
 		t.Logf("refused: %s", err)
 	}
 
+	// Pods with DRA claims and KubeVirt VMs (issue 36), with the VMI rule the chart adds once
+	// KubeVirt's CRD is served.
+	webhookDRAandVMs(t, c, url, caBundle)
+	// Back to the pods-only configuration for the failure policies below.
+	setPolicy("Ignore")
+
 	// The webhook down.
 	wh.Stop(10 * time.Second)
 	// Admitted, it reaches the node, whose NRI plugin refuses its container: with the sentence

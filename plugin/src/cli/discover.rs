@@ -66,16 +66,14 @@ pub fn run(
             ExitCode::SUCCESS
         });
     }
-    let mut devices = Table::new(&[
-        "DEVICE",
-        "VENDOR",
-        "MODEL",
-        ">NUMA",
-        "LOCAL CPUS",
-        ">MEM MiB",
-        ">CUs",
-        "NODES",
-    ]);
+    // The UUID column only where discovery found one (NVIDIA GPUs).
+    let with_uuid = inventory.devices.iter().any(|d| d.uuid.is_some());
+    let mut head = vec!["DEVICE", "VENDOR", "MODEL"];
+    if with_uuid {
+        head.push("UUID");
+    }
+    head.extend([">NUMA", "LOCAL CPUS", ">MEM MiB", ">CUs", "NODES"]);
+    let mut devices = Table::new(&head);
     for d in &inventory.devices {
         let nodes: Vec<String> = d
             .nodes
@@ -83,16 +81,18 @@ pub fn run(
             .chain(&d.control_nodes)
             .map(|n| format!("{}({}:{})", n.path, n.major, n.minor))
             .collect();
-        devices.row(vec![
-            d.id.clone(),
-            d.vendor.clone(),
-            d.model.clone(),
+        let mut row = vec![d.id.clone(), d.vendor.clone(), d.model.clone()];
+        if with_uuid {
+            row.push(d.uuid.clone().unwrap_or_else(|| "-".into()));
+        }
+        row.extend([
             d.numa_node.map_or_else(|| "-".into(), |n| n.to_string()),
             d.local_cpus.to_string(),
             d.memory_mib.to_string(),
             d.compute_units.to_string(),
             nodes.join(" "),
         ]);
+        devices.row(row);
     }
     print!("{}", devices.render(""));
     if devices.is_empty() {

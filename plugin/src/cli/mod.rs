@@ -115,6 +115,17 @@ pub enum Command {
     /// Serve the validating admission webhook: refuse at pod creation what the node would
     /// refuse at container creation (docs/webhook.md).
     Webhook(webhook::WebhookArgs),
+    /// Ask the running daemon's loopback `/readyz`, `/livez` or `/healthz` (needs
+    /// `metrics.listen`): exit 0 on 200, 1 with the daemon's sentence otherwise. The Helm
+    /// chart's readiness, liveness and startup probes run it.
+    Probe {
+        /// Which endpoint.
+        #[arg(value_enum, default_value = "ready")]
+        kind: probe::ProbeKind,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 5)]
+        timeout: u64,
+    },
 }
 
 mod check_config;
@@ -122,6 +133,7 @@ mod claims;
 mod cleanup;
 mod discover;
 mod entry;
+mod probe;
 mod reconcile;
 pub mod run;
 pub mod status;
@@ -237,5 +249,9 @@ pub async fn dispatch(
         Command::Reconcile { dry_run } => reconcile::run(&cli.config, dry_run, registry).await,
         Command::Cleanup { force } => cleanup::run(&cli.config, force).await,
         Command::Webhook(args) => webhook::run(&cli.config, args, registry).await,
+        Command::Probe { kind, timeout } => {
+            let config = load_config(&cli.config)?;
+            probe::run(&config, kind, std::time::Duration::from_secs(timeout))
+        }
     }
 }

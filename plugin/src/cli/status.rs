@@ -58,7 +58,14 @@ pub fn render(doc: &Value) -> String {
         s(&policy["claims"]),
         s(&doc["pending_updates"])
     );
-    let mut devices = Table::new(&["POOL", "FAMILY", "DEVICE", ">USED", "HOLDERS"]);
+    // The devices' UUIDs (NVIDIA GPUs), when discovery found any.
+    let uuids = doc["device_uuids"].as_object().cloned().unwrap_or_default();
+    let mut head = vec!["POOL", "FAMILY", "DEVICE"];
+    if !uuids.is_empty() {
+        head.push("UUID");
+    }
+    head.extend([">USED", "HOLDERS"]);
+    let mut devices = Table::new(&head);
     for pool in policy["pools"].as_array().into_iter().flatten() {
         for dev in pool["devices"].as_array().into_iter().flatten() {
             let holders: Vec<String> = dev["held"]
@@ -67,13 +74,20 @@ pub fn render(doc: &Value) -> String {
                 .flatten()
                 .map(|h| format!("{}[{}]", s(&h["claim"]), unit(&h["unit"])))
                 .collect();
-            devices.row(vec![
-                s(&pool["name"]),
-                s(&pool["family"]),
-                s(&dev["id"]),
+            let mut row = vec![s(&pool["name"]), s(&pool["family"]), s(&dev["id"])];
+            if !uuids.is_empty() {
+                row.push(
+                    dev["id"]
+                        .as_str()
+                        .and_then(|id| uuids.get(id))
+                        .map_or("-".into(), s),
+                );
+            }
+            row.extend([
                 format!("{}/{}", s(&dev["units_used"]), s(&dev["units_total"])),
                 holders.join(" "),
             ]);
+            devices.row(row);
         }
     }
     let _ = write!(out, "\n{}", devices.render(""));
@@ -122,7 +136,50 @@ pub fn render(doc: &Value) -> String {
     if let Some(dp) = doc.get("device_plugins") {
         device_plugins(&mut out, dp);
     }
+    if let Some(v) = doc.get("vendor_cdi") {
+        vendor_cdi(&mut out, v);
+    }
     out
+}
+
+/// The vendor CDI section (docs/gpus.md): the spec dirs read, a spec that cannot be used, and
+/// each composing pool's devices with their vendor device or why they have none.
+fn vendor_cdi(out: &mut String, v: &Value) {
+    use std::fmt::Write;
+    let dirs: Vec<String> = v["spec_dirs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(s)
+        .collect();
+    let specs: Vec<String> = v["specs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| format!("{} ({})", s(&x["file"]), s(&x["kind"])))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nvendor CDI specs read from {}: {}",
+        dirs.join(", "),
+        if specs.is_empty() {
+            "none".to_string()
+        } else {
+            specs.join(", ")
+        }
+    );
+    if let Some(e) = v["error"].as_str() {
+        let _ = writeln!(out, "VENDOR CDI SPEC UNUSABLE: {e}");
+    }
+    let mut t = Table::new(&["POOL", "DEVICE", "VENDOR DEVICE"]);
+    for d in v["devices"].as_array().into_iter().flatten() {
+        let vendor = match d["vendor_device"].as_str() {
+            Some(n) => n.to_string(),
+            None => format!("none: {}", s(&d["why"])),
+        };
+        t.row(vec![s(&d["pool"]), s(&d["device"]), vendor]);
+    }
+    let _ = write!(out, "{}", t.render(""));
 }
 
 /// The Kubernetes section: what is published, what is withdrawn, the last error.

@@ -78,6 +78,7 @@ pub async fn run(
         pools: config.pools.clone(),
         registry: registry.clone(),
     });
+    let mut claims: Option<Arc<dyn crate::webhook::admit::ClaimLookup>> = None;
     let (fleet, _refresh) = match args.capacity {
         CapacitySource::None => (
             Fleet::fixed(Capacity::Unknown(
@@ -96,6 +97,7 @@ pub async fn run(
                     let fleet = Fleet::fixed(Capacity::Unknown(
                         "the ResourceSlices were not read yet".to_string(),
                     ));
+                    claims = Some(Arc::new(client.clone()));
                     let task = fleet.keep_fresh(
                         Arc::new(client),
                         config.dra.driver_name.clone(),
@@ -113,7 +115,13 @@ pub async fn run(
             }
         }
     };
-    let server = serve(args.listen, &certs, State { rules, fleet }).await?;
+    let state = State {
+        rules,
+        fleet,
+        claims,
+        resource_prefix: config.device_plugin.resource_prefix.clone(),
+    };
+    let server = serve(args.listen, &certs, state).await?;
     println!(
         "nri-accel webhook: serving https://{}/validate",
         server.local_addr()

@@ -20,9 +20,9 @@ use std::path::Path;
 pub use error::{ConfigError, Position};
 pub use model::{
     AnnotationsConfig, CdiConfig, CdiInjection, ClaimsApiConfig, Config,
-    DEFAULT_KUBELET_IDLE_TIMEOUT_SECS, DEFAULT_KUBELET_MAX_CONNECTIONS, DevicePluginConfig,
-    DiscoveryConfig, DraConfig, KubernetesConfig, LogConfig, LogFormat, LogLevel, MetricsConfig,
-    NriConfig, SliceAt, SpecFormat,
+    DEFAULT_KUBELET_IDLE_TIMEOUT_SECS, DEFAULT_KUBELET_MAX_CONNECTIONS, DeviceIds,
+    DevicePluginConfig, DiscoveryConfig, DraConfig, KubernetesConfig, LogConfig, LogFormat,
+    LogLevel, MetricsConfig, NriConfig, SliceAt, SpecFormat,
 };
 
 /// Where the daemon reads its config unless told otherwise.

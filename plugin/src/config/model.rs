@@ -58,6 +58,7 @@ impl Default for Config {
                 family: FamilyConfig::Exclusive,
                 cpus_per_device: 0,
                 unhealthy: Default::default(),
+                vendor_cdi: Default::default(),
             }],
             reconcile_interval_secs: 300,
             annotations: AnnotationsConfig::default(),
@@ -168,6 +169,10 @@ pub struct CdiConfig {
     pub class: String,
     /// Spec file format.
     pub format: SpecFormat,
+    /// Directories of the vendors' own CDI specs, read for pools with `vendor_cdi` on
+    /// (docs/gpus.md). nri-accel's own specs (kind `<vendor>/<class>`) are never read as
+    /// vendor specs.
+    pub vendor_spec_dirs: Vec<PathBuf>,
 }
 
 impl Default for CdiConfig {
@@ -177,6 +182,7 @@ impl Default for CdiConfig {
             vendor: "accel.nri.io".to_string(),
             class: "device".to_string(),
             format: SpecFormat::Yaml,
+            vendor_spec_dirs: vec![PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")],
         }
     }
 }
@@ -324,6 +330,10 @@ pub struct DraConfig {
     /// Write each prepared device's entry in its ResourceClaim's `status.devices` (KEP-4817)
     /// and remove it at unprepare.
     pub claim_status: bool,
+    /// Pools published in the ResourceSlices; empty publishes every pool. Lets one node serve
+    /// some pools through DRA and others through the device plugin without the scheduler
+    /// counting a device through both.
+    pub pools: Vec<String>,
 }
 
 impl Default for DraConfig {
@@ -336,8 +346,20 @@ impl Default for DraConfig {
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,
             claim_status: true,
+            pools: Vec::new(),
         }
     }
+}
+
+/// What device plugin device IDs are built from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceIds {
+    /// The inventory id.
+    #[default]
+    Id,
+    /// The device's UUID where discovery found one (NVIDIA GPUs), else the inventory id.
+    Uuid,
 }
 
 /// The kubelet's device plugin API: one device plugin per pool, so that the scheduler counts a
@@ -361,6 +383,10 @@ pub struct DevicePluginConfig {
     /// Also answer Allocate with device nodes, env and mounts, for runtimes without CDI (CDI
     /// device names are always answered).
     pub device_nodes: bool,
+    /// What the kubelet device IDs are built from: the inventory id (`gpu0`, `0000:18:00.0`), or
+    /// the device's UUID where it has one (`GPU-...`, as NVIDIA's device plugin can), so that a
+    /// pod's ID names the physical GPU across nodes and reboots (docs/device-plugin.md).
+    pub device_ids: DeviceIds,
     /// Seconds an allocation that no container has used yet keeps its devices when the kubelet
     /// hands them to another container; after that it is released first.
     pub unused_grace_secs: u64,
@@ -380,6 +406,7 @@ impl Default for DevicePluginConfig {
             pools: Vec::new(),
             slice_layouts: BTreeMap::new(),
             device_nodes: false,
+            device_ids: DeviceIds::Id,
             unused_grace_secs: 60,
             max_connections: DEFAULT_KUBELET_MAX_CONNECTIONS,
             idle_timeout_secs: DEFAULT_KUBELET_IDLE_TIMEOUT_SECS,

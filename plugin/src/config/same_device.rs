@@ -80,6 +80,7 @@ mod tests {
             driver: None,
             nodes,
             control_nodes: vec![node("/dev/nvidiactl", 195, 255)],
+            uuid: None,
         }
     }
 

@@ -126,6 +126,14 @@ fn dra(cfg: &Config) -> Checked {
             "max_connections must be at least 1: the kubelet needs a connection to each socket",
         )?;
     }
+    for (i, name) in cfg.dra.pools.iter().enumerate() {
+        if !cfg.pools.iter().any(|p| p.name == *name) {
+            fail(
+                vec![Key("dra"), Key("pools"), Index(i)],
+                format!("dra.pools names pool {name:?}, which is not defined in pools"),
+            )?;
+        }
+    }
     let node = &cfg.kubernetes.node_name;
     if !node.is_empty() && !crate::names::is_dns_subdomain(node) {
         fail(

@@ -27,6 +27,11 @@ pub struct ContainerGrant {
     pub env: Vec<(String, String)>,
     /// Mounts to add: (host path, container path, options).
     pub mounts: Vec<(String, String, Vec<String>)>,
+    /// Mounts of the vendor's CDI spec (docs/gpus.md), kept as the spec gives them (type
+    /// included).
+    pub vendor_mounts: Vec<cdi::Mount>,
+    /// OCI hooks of the vendor's CDI spec.
+    pub hooks: Vec<cdi::Hook>,
     /// CPUs the container should run on.
     pub cpus: Option<CpuSet>,
     /// Memory nodes it should use.
@@ -51,8 +56,17 @@ pub struct AgentSettings {
 
 /// A part of the status document a service adds (the device plugins' resources), computed
 /// when the document is asked for.
+/// What the annotation path needs to merge vendor CDI devices into an adjustment.
+struct VendorMerge {
+    composer: Arc<crate::vendor::VendorComposer>,
+    inventory: Arc<policies::Inventory>,
+    root: std::path::PathBuf,
+}
+
 /// Reacts to container events on behalf of the engine.
 pub struct Agent {
+    /// Set when a pool composes grants with vendor CDI devices.
+    vendor: std::sync::OnceLock<VendorMerge>,
     engine: Arc<Engine>,
     settings: AgentSettings,
     containers: Mutex<ContainerMap>,
@@ -150,7 +164,24 @@ impl Agent {
             unmet: Mutex::new(BTreeMap::new()),
             released_unconfirmed: Mutex::new(BTreeMap::new()),
             confirmations: tokio::sync::Mutex::new(()),
+            vendor: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Merges the vendor CDI devices of annotation-path grants into their adjustments from now
+    /// on (docs/gpus.md): `inventory` resolves the numbers of nodes nri-accel knows, `root` is
+    /// where other nodes are looked up (discovery's root).
+    pub fn set_vendor(
+        &self,
+        composer: Arc<crate::vendor::VendorComposer>,
+        inventory: policies::Inventory,
+        root: std::path::PathBuf,
+    ) {
+        let _ = self.vendor.set(VendorMerge {
+            composer,
+            inventory: Arc::new(inventory),
+            root,
+        });
     }
 
     /// Adds the member `name` to the status document (a part of the daemon that runs only when
@@ -524,7 +555,8 @@ impl Agent {
                 &c.pod_namespace,
                 &format!("{}/{}", c.pod_name, c.name),
             );
-            self.engine
+            let prepared = self
+                .engine
                 .prepare_as(
                     claim,
                     Origin::Annotation {
@@ -533,6 +565,7 @@ impl Agent {
                 )
                 .await
                 .map_err(|e| format!("container {} of pod {pod}: {e}", c.name))?;
+            let vendor = self.vendor_grant(&prepared, &uid, &pod, &c.name).await?;
             let edits = self.engine.with_node(|n| n.edits(&uid)).unwrap_or_default();
             let mut seen = BTreeSet::new();
             for e in edits {
@@ -547,6 +580,23 @@ impl Agent {
                         .into_iter()
                         .map(|m| (m.host_path, m.container_path, m.options)),
                 );
+            }
+            if let Some(v) = vendor {
+                for node in v.device_nodes {
+                    if seen.insert(node.path.clone()) {
+                        grant.device_nodes.push(node);
+                    }
+                }
+                // The vendor's variables first: nri-accel's own (share and slice limits) win.
+                let own = std::mem::replace(&mut grant.env, v.env);
+                for (k, val) in own {
+                    match grant.env.iter_mut().find(|(key, _)| *key == k) {
+                        Some(existing) => existing.1 = val,
+                        None => grant.env.push((k, val)),
+                    }
+                }
+                grant.vendor_mounts = v.mounts;
+                grant.hooks = v.hooks;
             }
         }
         let own = annotation_claim_uid(&c.id);
@@ -584,6 +634,61 @@ impl Agent {
         grant.mems = adjustment.mems;
         let carried = self.engine.take_pending_for_reply(&c.id).await;
         Ok((grant, merge_updates(carried, more)))
+    }
+
+    /// The vendor CDI edits an annotation-path grant carries (docs/gpus.md), resolved from the
+    /// vendor specs as they are now; `None` when it names no vendor device. When they cannot be
+    /// merged, the grant is released and the container refused: nothing half-done.
+    async fn vendor_grant(
+        &self,
+        prepared: &crate::engine::Prepared,
+        uid: &str,
+        pod: &str,
+        name: &str,
+    ) -> Result<Option<crate::vendor::VendorGrant>, String> {
+        let names: Vec<String> = prepared
+            .devices
+            .iter()
+            .filter_map(|d| d.vendor_cdi_id.clone())
+            .collect();
+        let Some(v) = self.vendor.get().filter(|_| !names.is_empty()) else {
+            return Ok(None);
+        };
+        // Reads the vendor spec files when they changed and stats device nodes: off the runtime.
+        let (specs, inventory, root) = (
+            v.composer.specs().clone(),
+            v.inventory.clone(),
+            v.root.clone(),
+        );
+        let merged = tokio::task::spawn_blocking(move || {
+            specs
+                .current()
+                .and_then(|cat| crate::vendor::merge_for_container(&cat, &names, &inventory, &root))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("merging the vendor CDI edits failed: {e}")));
+        match merged {
+            Ok(mut m) => {
+                // As the claim's spec records it, for the container to see on every door.
+                let all: Vec<Option<String>> = prepared
+                    .devices
+                    .iter()
+                    .map(|d| d.vendor_cdi_id.clone())
+                    .collect();
+                if let Some(v) = crate::vendor::env_value(&all) {
+                    m.env.push((crate::vendor::VENDOR_ENV.to_string(), v));
+                }
+                Ok(Some(m))
+            }
+            Err(why) => {
+                if let Err(e) = self.engine.unprepare(uid).await {
+                    tracing::error!(claim = %uid, error = %e, "releasing the grant of a container whose vendor CDI devices cannot be merged");
+                }
+                Err(format!(
+                    "container {name} of pod {pod} not created: {why}; nothing was granted"
+                ))
+            }
+        }
     }
 
     /// Releases the annotation grants of earlier attempts at creating `c` that never came to

@@ -19,9 +19,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use nri_proto::api::{
-    ConfigureRequest, Container, ContainerAdjustment, ContainerUpdate, Event, KeyValue, LinuxCPU,
-    LinuxContainerAdjustment, LinuxContainerUpdate, LinuxDevice, LinuxDeviceCgroup, LinuxResources,
-    Mount, OptionalInt64, PodSandbox,
+    ConfigureRequest, Container, ContainerAdjustment, ContainerUpdate, Event, Hook, Hooks,
+    KeyValue, LinuxCPU, LinuxContainerAdjustment, LinuxContainerUpdate, LinuxDevice,
+    LinuxDeviceCgroup, LinuxResources, Mount, OptionalInt, OptionalInt64, PodSandbox,
 };
 use nri_proto::protobuf::MessageField;
 use nri_proto::{EventMask, Plugin, PluginError, SyncContainer, SyncDecoding, SyncPod};
@@ -195,6 +195,26 @@ pub fn adjustment(grant: &ContainerGrant) -> ContainerAdjustment {
             m
         })
         .collect();
+    // The vendor's mounts as its CDI spec gives them (a bind unless the spec names a type).
+    adj.mounts.extend(grant.vendor_mounts.iter().map(|v| {
+        let mut m = Mount::new();
+        m.source = v.host_path.clone();
+        m.destination = v.container_path.clone();
+        m.options = v.options.clone();
+        m.type_ = match &v.kind {
+            Some(t) => t.clone(),
+            None => {
+                if !m.options.iter().any(|o| o == "bind" || o == "rbind") {
+                    m.options.push("bind".into());
+                }
+                "bind".into()
+            }
+        };
+        m
+    }));
+    if !grant.hooks.is_empty() {
+        adj.hooks = MessageField::some(hooks(&grant.hooks));
+    }
     let mut linux = LinuxContainerAdjustment::new();
     let mut resources = LinuxResources::new();
     for node in &grant.device_nodes {
@@ -240,6 +260,33 @@ pub fn adjustment(grant: &ContainerGrant) -> ContainerAdjustment {
         adj.linux = MessageField::some(linux);
     }
     adj
+}
+
+/// The NRI form of the vendor's OCI hooks, by CDI hook name. Every NRI version containerd
+/// 1.7.0 and later run carries hooks in an adjustment (field 5 since NRI v0.1).
+fn hooks(list: &[cdi::Hook]) -> Hooks {
+    let mut h = Hooks::new();
+    for c in list {
+        let mut o = Hook::new();
+        o.path = c.path.clone();
+        o.args = c.args.clone();
+        o.env = c.env.clone();
+        if let Some(t) = c.timeout.and_then(|t| i32::try_from(t).ok()) {
+            let mut v = OptionalInt::new();
+            v.value = i64::from(t);
+            o.timeout = MessageField::some(v);
+        }
+        let slot = match c.hook_name.as_str() {
+            "prestart" => &mut h.prestart,
+            "createRuntime" => &mut h.create_runtime,
+            "createContainer" => &mut h.create_container,
+            "startContainer" => &mut h.start_container,
+            "poststart" => &mut h.poststart,
+            _ => &mut h.poststop,
+        };
+        slot.push(o);
+    }
+    h
 }
 
 fn int64(v: i64) -> OptionalInt64 {

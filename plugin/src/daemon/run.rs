@@ -172,6 +172,55 @@ pub fn store_config(cdi: &CdiConfig) -> cdi::StoreConfig {
     }
 }
 
+/// Composes grants with the vendors' CDI specs when a pool asks for it (docs/gpus.md): the
+/// engine records each grant's vendor devices, the annotation path merges their edits, and
+/// `status` tells what each composing pool's devices get.
+fn wire_vendor_cdi(
+    config: &Config,
+    engine: &Arc<Engine>,
+    agent: &Arc<Agent>,
+    inventory: &policies::Inventory,
+) -> Option<(
+    Arc<crate::vendor::VendorComposer>,
+    std::collections::BTreeMap<String, String>,
+)> {
+    let specs = Arc::new(crate::vendor::VendorSpecs::new(
+        config.cdi.vendor_spec_dirs.clone(),
+        format!("{}/{}", config.cdi.vendor, config.cdi.class),
+        format!("{}-{}_", config.cdi.vendor, config.cdi.class),
+    ));
+    let composer = Arc::new(crate::vendor::VendorComposer::new(
+        specs,
+        inventory,
+        &config.pools,
+    )?);
+    engine.set_composer(composer.clone());
+    agent.set_vendor(
+        composer.clone(),
+        inventory.clone(),
+        config.discovery.root.clone(),
+    );
+    let pools_of: std::collections::BTreeMap<String, String> = config
+        .pools
+        .iter()
+        .filter(|p| !p.vendor_cdi.is_off())
+        .flat_map(|p| {
+            engine
+                .with_node(|n| n.pool_devices(&p.name).map(|d| d.to_vec()))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| (d.id, p.name.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let (c, p) = (composer.clone(), pools_of.clone());
+    agent.add_status_section(
+        "vendor_cdi",
+        Box::new(move || crate::vendor::status(&c, &p)),
+    );
+    Some((composer, pools_of))
+}
+
 /// The checkpoint directory under the state dir.
 pub fn checkpoint_dir(config: &Config) -> PathBuf {
     config.state_dir.join(CHECKPOINT_DIR)
@@ -223,6 +272,19 @@ impl Daemon {
                 annotation_prefix: config.annotations.prefix.clone(),
             },
         ));
+
+        let vendor = wire_vendor_cdi(config, &engine, &agent, &inventory);
+        let uuids: serde_json::Map<String, serde_json::Value> = inventory
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.id.clone(), serde_json::Value::from(d.uuid.clone()?))))
+            .collect();
+        if !uuids.is_empty() {
+            agent.add_status_section(
+                "device_uuids",
+                Box::new(move || serde_json::Value::Object(uuids.clone())),
+            );
+        }
 
         // Publishing never waits for the API server; only bad credentials stop the start.
         let kube = if config.dra.enabled {
@@ -306,6 +368,8 @@ impl Daemon {
                         .await
                 {
                     report_identity(lock.as_ref(), &cdi, &m, &h);
+                    // The engine answered: `/livez` stays 200 (a stuck engine never gets here).
+                    h.beat();
                 }
             }
         }));
@@ -361,8 +425,21 @@ impl Daemon {
         let device_health = match config.discovery.health_check_secs {
             0 => HealthMonitor::fixed(HealthReport::all_healthy(&inventory)).0,
             secs => {
-                let (monitor, task) =
-                    HealthMonitor::start(&config.discovery, inventory, Duration::from_secs(secs));
+                // A vendor_cdi pool's device the vendor specs do not describe (or disagree
+                // about) is not offered: withdrawn like an unhealthy one (docs/gpus.md).
+                let extra =
+                    vendor.map(|(composer, pools_of)| -> crate::device_health::ExtraCheck {
+                        Arc::new(move |d: &policies::Device| {
+                            let pool = pools_of.get(&d.id)?;
+                            composer.device(pool, &d.id).err()
+                        })
+                    });
+                let (monitor, task) = HealthMonitor::start_with(
+                    &config.discovery,
+                    inventory,
+                    Duration::from_secs(secs),
+                    extra,
+                );
                 tasks.push(task);
                 monitor
             }
@@ -437,6 +514,7 @@ impl Daemon {
             );
             plugins
         });
+        add_readiness_checks(&health, dra.as_ref(), device_plugins.as_ref());
         refresh_gauges(&agent, &metrics);
         report_identity(
             engine.node_lock_status().as_ref(),
@@ -810,4 +888,64 @@ fn device_health_status(report: &HealthReport) -> serde_json::Value {
         .map(|(id, h)| (id.clone(), serde_json::Value::String(h.reason.clone())))
         .collect();
     serde_json::json!({ "checked_at": checked_at, "unhealthy": unhealthy })
+}
+
+/// What `/readyz` needs beyond health: the kubelet registered every door this daemon serves
+/// it (the DRA driver, each device plugin resource). A pod of the DaemonSet turns ready only
+/// then, so a rollout moves on to the next node once this one can prepare claims again.
+fn add_readiness_checks(
+    health: &HealthState,
+    dra: Option<&crate::kubelet::DraDriver>,
+    device_plugins: Option<&Arc<crate::kubelet::device_plugin::DevicePlugins>>,
+) {
+    if let Some(d) = dra {
+        let status = d.status_source();
+        health.add_readiness_check(
+            "dra",
+            Box::new(move || {
+                let s = status();
+                match s.registration {
+                    "registered" => Ok(()),
+                    "refused" => Err(format!(
+                        "the kubelet refused to register DRA driver {}: {}",
+                        s.driver,
+                        s.reason.unwrap_or_default()
+                    )),
+                    _ => Err(format!(
+                        "the kubelet has not registered DRA driver {} yet (registration socket {}); check that the kubelet's plugins_registry dir is mounted",
+                        s.driver,
+                        s.registration_socket.display()
+                    )),
+                }
+            }),
+        );
+    }
+    if let Some(p) = device_plugins {
+        let p = p.clone();
+        health.add_readiness_check(
+            "device_plugins",
+            Box::new(move || {
+                use crate::kubelet::device_plugin::Registration;
+                for (i, r) in p.resources().iter().enumerate() {
+                    match p.registration(i) {
+                        Registration::Registered { .. } => {}
+                        Registration::Failed { reason } => {
+                            return Err(format!(
+                                "device plugin {} is not registered with the kubelet: {reason}",
+                                r.name
+                            ));
+                        }
+                        _ => {
+                            return Err(format!(
+                                "device plugin {} is not registered with the kubelet yet (kubelet socket {})",
+                                r.name,
+                                p.kubelet_socket().display()
+                            ));
+                        }
+                    }
+                }
+                Ok(())
+            }),
+        );
+    }
 }

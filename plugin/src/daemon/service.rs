@@ -149,10 +149,10 @@ impl ClaimService for ClaimsFacade {
                         .into_iter()
                         .enumerate()
                         .map(|(i, d)| PreparedDevice {
+                            cdi_device_ids: d.cdi_ids(),
                             request_names: vec![d.request],
                             pool: d.pool,
                             device: d.device,
-                            cdi_device_ids: vec![d.cdi_id],
                             share_id: share_ids.get(i).cloned().flatten(),
                         })
                         .collect())

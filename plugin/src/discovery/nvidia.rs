@@ -9,6 +9,14 @@ use super::scan::{Scan, char_node};
 /// Minor of `/dev/nvidiactl` under the `nvidia` major.
 const NVIDIACTL_MINOR: u32 = 255;
 
+/// The GPU UUID as the driver prints it (`GPU-` and 36 characters of hex and dashes), or `None`
+/// for anything else (older drivers print `??`).
+fn gpu_uuid(v: &str) -> Option<String> {
+    let rest = v.strip_prefix("GPU-")?;
+    (rest.len() == 36 && rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-'))
+        .then(|| v.to_string())
+}
+
 /// Adds `/dev/nvidiaN` and the control nodes to an NVIDIA GPU; returns false
 /// (after a warning) when the driver does not know the GPU.
 pub(crate) fn attach(scan: &mut Scan<'_>, c: &mut PciCandidate) -> bool {
@@ -30,6 +38,7 @@ pub(crate) fn attach(scan: &mut Scan<'_>, c: &mut PciCandidate) -> bool {
         match key.trim() {
             "Device Minor" => minor = value.trim().parse::<u32>().ok(),
             "Model" if !value.trim().is_empty() => c.device.model = value.trim().to_string(),
+            "GPU UUID" => c.device.uuid = gpu_uuid(value.trim()),
             _ => {}
         }
     }

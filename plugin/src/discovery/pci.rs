@@ -217,6 +217,7 @@ fn candidate(scan: &mut Scan<'_>, dir: &Path, bdf: String) -> Option<PciCandidat
             driver,
             nodes: Vec::new(),
             control_nodes: Vec::new(),
+            uuid: None,
         },
         vendor,
         dir: dir.to_path_buf(),

@@ -193,6 +193,17 @@ pub enum EngineError {
         /// The share id given.
         share_id: String,
     },
+    /// The grant's vendor CDI composition cannot be decided (docs/gpus.md): a vendor spec cannot
+    /// be used, two disagree, or a `vendor_cdi: required` pool's device is described by none.
+    #[error("claim {claim} not prepared: {reason}{then}")]
+    Vendor {
+        /// The claim.
+        claim: String,
+        /// The sentence naming the spec file(s) or the spec dirs read.
+        reason: String,
+        /// What the failure means for the claim.
+        then: Then,
+    },
     /// A crash was injected at this step by a test hook.
     #[error("crash injected at step {0}")]
     Crashed(CrashPoint),

@@ -78,7 +78,26 @@ pub struct PreparedDevice {
     pub device: String,
     /// Qualified CDI device ID that grants it (`vendor/class=claim-<uid>-<i>`).
     pub cdi_id: String,
+    /// The vendor's own CDI device composed with it (`nvidia.com/gpu=GPU-...`), when the pool
+    /// has `vendor_cdi` on and a vendor spec describes the device (docs/gpus.md). Doors that
+    /// answer CDI names name it beside `cdi_id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vendor_cdi_id: Option<String>,
 }
+
+impl PreparedDevice {
+    /// The CDI names a runtime must resolve for this result: nri-accel's own device, then the
+    /// vendor's.
+    pub fn cdi_ids(&self) -> Vec<String> {
+        std::iter::once(self.cdi_id.clone())
+            .chain(self.vendor_cdi_id.clone())
+            .collect()
+    }
+}
+
+/// Decides the vendor CDI devices a new grant carries (docs/gpus.md); the engine stays ignorant
+/// of vendors and only records the answer in the claim's spec.
+pub use crate::vendor::Composer;
 
 /// The answer to a successful prepare.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -161,6 +180,7 @@ pub struct Engine {
     crash: Option<CrashHook>,
     tally: tally::Tally,
     identity: Arc<identity::Identity>,
+    composer: std::sync::OnceLock<Arc<dyn Composer>>,
 }
 
 /// The startup reconciliation of a loaded checkpoint and the spec files, decided before
@@ -316,6 +336,7 @@ impl Engine {
             crash,
             tally: tally::Tally::default(),
             identity,
+            composer: std::sync::OnceLock::new(),
         };
         Ok((
             engine,
@@ -324,6 +345,11 @@ impl Engine {
                 pending_updates,
             },
         ))
+    }
+
+    /// Composes grants with vendor CDI devices from now on (set once, before the doors open).
+    pub fn set_composer(&self, composer: Arc<dyn Composer>) {
+        let _ = self.composer.set(composer);
     }
 
     /// What went wrong since the engine started: refusals by door and reason, failed
@@ -528,11 +554,42 @@ impl Engine {
             st.seq += 1;
             (outcome, st.seq)
         };
+        let composing = match (outcome.already, self.composer.get()) {
+            (false, Some(c)) if cdi => {
+                // Reads the vendor spec files when they changed: file work off the runtime.
+                let (c, a) = (c.clone(), outcome.allocation.clone());
+                Some(blocking(uid, move || c.compose(&a)).await)
+            }
+            _ => None,
+        };
+        let composed = composing.map(|answer| match answer {
+            Ok(r) => r.map_err(|reason| EngineError::Vendor {
+                claim: uid.to_string(),
+                reason,
+                then: Then::NotGranted,
+            }),
+            Err(e) => Err(self.crash_or(e)),
+        });
+        let vendor = match composed {
+            None => Vec::new(),
+            Some(Ok(names)) => names,
+            Some(Err(e)) => {
+                // Nothing durable changed: bring memory back to the committed state.
+                let mut st = self.state();
+                st.node.release(uid);
+                if st.node.allocation(uid).is_none() {
+                    st.forget(uid);
+                }
+                return Err(e);
+            }
+        };
         if !outcome.already {
             self.note_claims_changed();
         }
         if outcome.already {
-            let prepared = self.grant(uid, &outcome.allocation, None).await?;
+            // A held claim answers the vendor devices its spec recorded (adoptions have none).
+            let held = if cdi { None } else { Some(vendor) };
+            let prepared = self.grant(uid, &outcome.allocation, None, held).await?;
             return self.acknowledge(uid, prepared, cdi).await;
         }
         self.step(CrashPoint::AfterAllocate)?;
@@ -574,13 +631,14 @@ impl Engine {
         }
         self.step(CrashPoint::AfterUpdatePush)?;
         let prepared = self
-            .grant(uid, &outcome.allocation, Some(commit_seq))
+            .grant(uid, &outcome.allocation, Some(commit_seq), Some(vendor))
             .await?;
         self.acknowledge(uid, prepared, cdi).await
     }
 
     /// Writes the claim's spec stamped with the commit that created its record, and answers
-    /// with its CDI IDs. `committed` is that commit for a fresh prepare (its spec is always
+    /// with its CDI IDs. `vendor` is the vendor CDI device of each result (docs/gpus.md);
+    /// `None` for a held claim: what its spec recorded. `committed` is that commit for a fresh prepare (its spec is always
     /// written, replacing any stale one); `None` for a repeat, whose spec is written only when
     /// missing. A failure rolls the claim back only while it has no spec.
     async fn grant(
@@ -588,9 +646,16 @@ impl Engine {
         uid: &str,
         allocation: &Allocation,
         committed: Option<u64>,
+        vendor: Option<Vec<Option<String>>>,
     ) -> Result<Prepared, EngineError> {
         let already = committed.is_none();
         let env = self.journal.record(uid).map(|r| r.env).unwrap_or_default();
+        let vendor = match (vendor, self.composer.get()) {
+            (Some(v), _) => v,
+            (None, Some(c)) => self.vendor_of_held(uid, allocation, c.as_ref()).await?,
+            (None, None) => Vec::new(),
+        };
+        let marker = crate::vendor::env_value(&vendor);
         let edits = self
             .state()
             .node
@@ -598,7 +663,14 @@ impl Engine {
             .map(|e| {
                 e.iter()
                     .zip(&allocation.results)
-                    .map(|(e, g)| edits::to_cdi(e, env.get(&g.request)))
+                    .map(|(e, g)| {
+                        let mut out = edits::to_cdi(e, env.get(&g.request));
+                        if let Some(v) = &marker {
+                            out.env
+                                .push((crate::vendor::VENDOR_ENV.to_string(), v.clone()));
+                        }
+                        out
+                    })
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
@@ -641,11 +713,13 @@ impl Engine {
             .results
             .iter()
             .zip(ids)
-            .map(|(g, cdi_id)| PreparedDevice {
+            .enumerate()
+            .map(|(i, (g, cdi_id))| PreparedDevice {
                 request: g.request.clone(),
                 pool: g.pool.clone(),
                 device: g.device.clone(),
                 cdi_id,
+                vendor_cdi_id: vendor.get(i).cloned().flatten(),
             })
             .collect();
         Ok(Prepared {
@@ -653,6 +727,51 @@ impl Engine {
             devices,
             already,
         })
+    }
+
+    /// The vendor devices a held claim was answered with: read back from its spec, so a
+    /// repeated prepare answers what the first one did whatever the vendor specs say now; for a
+    /// held claim without a spec (its spec write failed) they are decided again.
+    async fn vendor_of_held(
+        &self,
+        uid: &str,
+        allocation: &Allocation,
+        composer: &dyn Composer,
+    ) -> Result<Vec<Option<String>>, EngineError> {
+        let specs = self.specs.clone();
+        let id = uid.to_string();
+        let read = blocking(uid, move || specs.read(&id)).await?;
+        match read {
+            Ok(Some(spec)) => {
+                let prefix = format!("{}=", crate::vendor::VENDOR_ENV);
+                let value = spec
+                    .devices
+                    .first()
+                    .and_then(|d| {
+                        d.container_edits
+                            .env
+                            .iter()
+                            .find_map(|kv| kv.strip_prefix(&prefix))
+                    })
+                    .unwrap_or("");
+                Ok(crate::vendor::names_from_env(
+                    value,
+                    allocation.results.len(),
+                ))
+            }
+            Ok(None) => composer
+                .compose(allocation)
+                .map_err(|reason| EngineError::Vendor {
+                    claim: uid.to_string(),
+                    reason,
+                    then: Then::KeptAsBefore,
+                }),
+            Err(source) => Err(EngineError::Spec {
+                then: Then::KeptAsBefore,
+                claim: uid.to_string(),
+                source,
+            }),
+        }
     }
 
     /// After a spec write of a claim failed: an error answer must mean nothing was granted

@@ -63,7 +63,8 @@ impl Engine {
         self.state().set_origin(uid, origin);
         // The spec must carry the stamp of the record's commit, or reconciliation would take it
         // for the spec of an earlier, released grant.
-        self.grant(uid, &allocation, Some(seq)).await?;
+        self.grant(uid, &allocation, Some(seq), Some(Vec::new()))
+            .await?;
         tracing::warn!(claim = %uid, from = %from, to = %container_id,
             "an adopted device outlives the container it was adopted for; another running container still uses it and now holds it");
         Ok(true)

@@ -6,7 +6,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate, ResourceSlice,
+};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
     WatchParams,
@@ -135,6 +137,49 @@ impl KubeClient {
         }
     }
 }
+
+/// What the admission webhook reads besides slices: claims, templates and DeviceClasses.
+impl KubeClient {
+    /// The spec of ResourceClaim `namespace/name`; `None` when it does not exist.
+    pub async fn claim_spec(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaimSpec>, KubeError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        let got = api
+            .get_opt(name)
+            .await
+            .map_err(|e| KubeError::from_kube(format!("ResourceClaim {namespace}/{name}"), e))?;
+        Ok(got.map(|c| c.spec))
+    }
+
+    /// The claim spec of ResourceClaimTemplate `namespace/name`; `None` when it does not exist.
+    pub async fn claim_template_spec(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaimSpec>, KubeError> {
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), namespace);
+        let got = api.get_opt(name).await.map_err(|e| {
+            KubeError::from_kube(format!("ResourceClaimTemplate {namespace}/{name}"), e)
+        })?;
+        Ok(got.map(|t| t.spec.spec))
+    }
+
+    /// Every DeviceClass (at most a few hundred in any cluster; one page).
+    pub async fn list_device_classes(&self) -> Result<Vec<DeviceClass>, KubeError> {
+        let api: Api<DeviceClass> = Api::all(self.client.clone());
+        let list = api
+            .list(&ListParams::default().limit(MAX_DEVICE_CLASSES))
+            .await
+            .map_err(|e| KubeError::from_kube("the DeviceClasses".to_string(), e))?;
+        Ok(list.items)
+    }
+}
+
+/// DeviceClasses read by [`KubeClient::list_device_classes`].
+const MAX_DEVICE_CLASSES: u32 = 500;
 
 impl KubeClient {
     async fn send_slice(

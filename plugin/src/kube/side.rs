@@ -94,7 +94,12 @@ pub fn source_of(config: &Config, engine: &Engine) -> PublishSource {
     let pcie_roots = topology::pcie_roots(&RootFs::new(&config.discovery.root), &inventory);
     PublishSource {
         inventory,
-        pools: config.pools.clone(),
+        pools: config
+            .pools
+            .iter()
+            .filter(|p| config.dra.pools.is_empty() || config.dra.pools.contains(&p.name))
+            .cloned()
+            .collect(),
         published,
         pcie_roots,
     }

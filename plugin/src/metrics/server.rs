@@ -1,4 +1,5 @@
-//! The loopback HTTP server behind `/metrics` and `/healthz` (hyper 1, HTTP/1 only).
+//! The loopback HTTP server behind `/metrics`, `/healthz`, `/readyz` and `/livez` (hyper 1,
+//! HTTP/1 only).
 
 use std::convert::Infallible;
 use std::io;
@@ -28,6 +29,12 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection (one request: no keep-alive) is closed after this long whatever it does, so
 /// a client that stops reading its answer cannot pin a slot either.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// `/livez` fails once the engine has not answered the daemon's 2-second round for this long:
+/// long past any commit's disk wait, short enough that a hung daemon is restarted within a
+/// minute of the kubelet's liveness probe.
+pub const LIVENESS_SILENCE: Duration = Duration::from_secs(30);
+/// The paths served.
+const PATHS: [&str; 4] = ["/metrics", "/healthz", "/readyz", "/livez"];
 
 /// Why the metrics server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -75,8 +82,9 @@ impl MetricsServer {
     }
 }
 
-/// Serve `GET /metrics` (OpenMetrics text) and `GET /healthz` (200 `ok`, or 503 with the reason)
-/// on `addr`, which must be a loopback address.
+/// Serve `GET /metrics` (OpenMetrics text), `GET /healthz`, `/readyz` and `/livez` (200 `ok`,
+/// or 503 with the reason; docs/operator-guide.md, "Health and readiness") on `addr`, which
+/// must be a loopback address.
 ///
 /// Binds before returning, so a port conflict is a startup error rather than a log line later.
 pub async fn serve(
@@ -93,7 +101,7 @@ pub async fn serve(
     let local_addr = listener
         .local_addr()
         .map_err(|source| MetricsError::Bind { addr, source })?;
-    tracing::info!(%local_addr, "serving /metrics and /healthz");
+    tracing::info!(%local_addr, "serving /metrics, /healthz, /readyz and /livez");
     let task = tokio::spawn(accept_loop(listener, metrics, health));
     Ok(MetricsServer { local_addr, task })
 }
@@ -145,10 +153,10 @@ fn answer(
     health: &HealthState,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path();
-    if path != "/metrics" && path != "/healthz" {
+    if !PATHS.contains(&path) {
         return plain(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics or /healthz\n".to_owned(),
+            "not found: try /metrics, /healthz, /readyz or /livez\n".to_owned(),
         );
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -166,7 +174,12 @@ fn answer(
             .insert(CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
         return resp;
     }
-    match health.check() {
+    let verdict = match path {
+        "/readyz" => health.ready(),
+        "/livez" => health.live(LIVENESS_SILENCE),
+        _ => health.check(),
+    };
+    match verdict {
         Ok(()) => plain(StatusCode::OK, "ok\n".to_owned()),
         Err(reason) => plain(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
     }

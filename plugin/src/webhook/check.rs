@@ -224,6 +224,7 @@ fn model(devices: &[Published], rules: &Rules) -> Option<Node> {
                 family: config.family.clone(),
                 cpus_per_device: 0,
                 unhealthy: Default::default(),
+                vendor_cdi: Default::default(),
             });
         }
     }

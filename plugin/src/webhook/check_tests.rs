@@ -37,6 +37,7 @@ fn pod(annotations: &[(&str, &str)], containers: &[&str]) -> Pod {
                 })
                 .collect(),
             init_containers: Vec::new(),
+            resource_claims: Vec::new(),
         },
     }
 }
@@ -57,6 +58,7 @@ fn node_with(n: usize, pool: &str, family: &str) -> Vec<Published> {
                 driver: None,
                 nodes: Vec::new(),
                 control_nodes: Vec::new(),
+                uuid: None,
             },
             pool: pool.into(),
             family: family.into(),

@@ -11,8 +11,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use policies::Device;
+
+use super::dra::DraView;
 
 /// One published device, as the check matches it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +79,7 @@ pub fn nodes_of(slices: &[ResourceSlice]) -> Nodes {
                     driver: text("driver"),
                     nodes: Vec::new(),
                     control_nodes: Vec::new(),
+                    uuid: None,
                 },
                 pool,
                 family,
@@ -91,6 +94,11 @@ pub fn nodes_of(slices: &[ResourceSlice]) -> Nodes {
 pub trait SliceSource: Send + Sync + 'static {
     /// Every ResourceSlice of `driver`, on all nodes; an error says why they cannot be read.
     async fn slices(&self, driver: &str) -> Result<Vec<ResourceSlice>, String>;
+
+    /// Every DeviceClass (what DRA requests select with); none by default.
+    async fn classes(&self) -> Result<Vec<DeviceClass>, String> {
+        Ok(Vec::new())
+    }
 }
 
 #[async_trait::async_trait]
@@ -100,12 +108,17 @@ impl SliceSource for crate::kube::KubeClient {
             .await
             .map_err(|e| e.to_string())
     }
+
+    async fn classes(&self) -> Result<Vec<DeviceClass>, String> {
+        self.list_device_classes().await.map_err(|e| e.to_string())
+    }
 }
 
 /// The capacity the check reads, shared with the task that refreshes it.
 #[derive(Debug, Clone)]
 pub struct Fleet {
     capacity: Arc<RwLock<Capacity>>,
+    dra: Arc<RwLock<DraView>>,
 }
 
 impl Fleet {
@@ -113,7 +126,13 @@ impl Fleet {
     pub fn fixed(capacity: Capacity) -> Fleet {
         Fleet {
             capacity: Arc::new(RwLock::new(capacity)),
+            dra: Arc::new(RwLock::new(DraView::default())),
         }
+    }
+
+    /// What DRA asks are judged against now: every slice device by node, and the classes.
+    pub fn dra(&self) -> DraView {
+        self.dra.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What is known now.
@@ -129,6 +148,16 @@ impl Fleet {
     pub async fn refresh(&self, source: &dyn SliceSource, driver: &str) {
         let next = match source.slices(driver).await {
             Ok(slices) => {
+                let view = match source.classes().await {
+                    Ok(classes) => DraView::new(driver, &slices, &classes),
+                    Err(why) => {
+                        tracing::warn!(error = %why, "webhook: cannot list the DeviceClasses; DRA claims are judged with the classes known before");
+                        let mut view = DraView::new(driver, &slices, &[]);
+                        view.classes = self.dra().classes;
+                        view
+                    }
+                };
+                *self.dra.write().unwrap_or_else(|e| e.into_inner()) = view;
                 let nodes = nodes_of(&slices);
                 if nodes.is_empty() {
                     Capacity::Unknown(format!(

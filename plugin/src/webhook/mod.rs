@@ -6,12 +6,18 @@
 //! ([`crate::daemon::annotations`]) and pool refusals are the policies' [`policies::Refusal`]s.
 //! Everything else, pods without accelerator annotations first, is admitted untouched.
 //!
+//! Pods with DRA claims and KubeVirt VirtualMachineInstances are judged too ([`admit`],
+//! [`dra`], [`vmi`]): what no node could ever allocate is refused at create.
+//!
 //! [`review`] decodes AdmissionReview v1 and writes the answer, [`check`] decides, [`fleet`]
 //! keeps what the nodes publish, `tls` the certificate (reloaded when its files change) and
 //! `server` the HTTPS server, both only in a build with the `tls` feature (every shipped one).
 //! docs/webhook.md is the operator's side.
 
+pub mod admit;
+pub mod cel;
 pub mod check;
+pub mod dra;
 mod error;
 pub mod fleet;
 pub mod review;
@@ -19,6 +25,7 @@ pub mod review;
 pub mod server;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod vmi;
 
 pub use error::WebhookError;
 #[cfg(feature = "tls")]

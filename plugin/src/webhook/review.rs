@@ -41,9 +41,45 @@ pub struct Request {
     /// The name of the object, when known (a `generateName` pod has none yet).
     #[serde(default)]
     pub name: Option<String>,
-    /// The object being admitted; absent on DELETE.
+    /// The kind of the object (`Pod`, or KubeVirt's `VirtualMachineInstance`).
     #[serde(default)]
-    pub object: Option<Pod>,
+    pub kind: Option<ObjectKind>,
+    /// The object being admitted, decoded by [`Request::pod`] or [`super::vmi::Vmi`] after its
+    /// kind; absent on DELETE.
+    #[serde(default)]
+    pub object: Option<serde_json::Value>,
+}
+
+/// The group, version and kind of the object under review.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ObjectKind {
+    /// API group (`""` for core).
+    #[serde(default)]
+    pub group: String,
+    /// Kind, e.g. `Pod`.
+    #[serde(default)]
+    pub kind: String,
+}
+
+impl Request {
+    /// Whether the object is a KubeVirt VirtualMachineInstance.
+    pub fn is_vmi(&self) -> bool {
+        self.kind
+            .as_ref()
+            .is_some_and(|k| k.group == "kubevirt.io" && k.kind == "VirtualMachineInstance")
+    }
+
+    /// The object as a pod (what every review but a VMI's carries); `None` when absent.
+    pub fn pod(&self) -> Result<Option<Pod>, WebhookError> {
+        self.object
+            .as_ref()
+            .map(|o| {
+                Pod::deserialize(o).map_err(|e| WebhookError::BadReview {
+                    why: format!("the object is not a pod ({e})"),
+                })
+            })
+            .transpose()
+    }
 }
 
 /// The parts of a pod the check reads.
@@ -86,6 +122,23 @@ pub struct PodSpec {
     /// The init containers (the node serves them through the same path).
     #[serde(default)]
     pub init_containers: Vec<Container>,
+    /// The pod's DRA claims (direct or from templates).
+    #[serde(default)]
+    pub resource_claims: Vec<PodClaim>,
+}
+
+/// One entry of a pod's (or a VMI's) `resourceClaims`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodClaim {
+    /// The name the pod gives the claim.
+    pub name: String,
+    /// A ResourceClaim by name.
+    #[serde(default)]
+    pub resource_claim_name: Option<String>,
+    /// A ResourceClaimTemplate to make the claim from.
+    #[serde(default)]
+    pub resource_claim_template_name: Option<String>,
 }
 
 /// A container: its name is what the annotation key names.
@@ -203,7 +256,7 @@ mod tests {
                       "spec":{"containers":[{"name":"c","image":"x"}]}}}}"#;
         let r = decode(body).unwrap();
         assert_eq!(r.uid, "u1");
-        let pod = r.object.unwrap();
+        let pod = r.pod().unwrap().unwrap();
         assert_eq!(pod.spec.containers[0].name, "c");
         let out: serde_json::Value =
             serde_json::from_slice(&encode("u1", &Verdict::refuse("no".into()))).unwrap();

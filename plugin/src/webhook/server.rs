@@ -20,9 +20,10 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use super::WebhookError;
-use super::check::{Rules, check};
+use super::admit::ClaimLookup;
+use super::check::Rules;
 use super::fleet::Fleet;
-use super::review::{self, Verdict};
+use super::review;
 use super::tls::Certificates;
 
 /// Largest AdmissionReview read. The API server stores objects of at most 1.5 MiB, and a review
@@ -36,12 +37,28 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What each request is answered from.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct State {
     /// The annotation prefix and the config's pools.
     pub rules: Arc<Rules>,
     /// What the nodes publish.
     pub fleet: Fleet,
+    /// Where DRA claims and templates are read (none: DRA asks are not judged).
+    pub claims: Option<Arc<dyn ClaimLookup>>,
+    /// The device plugin's resource prefix (`device_plugin.resource_prefix`): a VM's devices
+    /// by resource name `<prefix>/<pool>` are judged against the pool.
+    pub resource_prefix: String,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("rules", &self.rules)
+            .field("fleet", &self.fleet)
+            .field("claims", &self.claims.is_some())
+            .field("resource_prefix", &self.resource_prefix)
+            .finish()
+    }
 }
 
 /// A running webhook server.
@@ -193,12 +210,17 @@ async fn validate(req: Request<Incoming>, state: &State) -> Result<Vec<u8>, Webh
     let request = review::decode(&body)?;
     drop(body);
     let namespace = request.namespace.clone().unwrap_or_default();
-    let verdict = match &request.object {
-        Some(pod) => check(&state.rules, &namespace, pod, &state.fleet.capacity()),
-        None => Verdict::allow(Vec::new()),
-    };
+    let verdict = super::admit::review(
+        &state.rules,
+        &state.fleet,
+        state.claims.as_deref(),
+        &state.resource_prefix,
+        &request,
+    )
+    .await?;
     if let Some(why) = &verdict.message {
-        tracing::info!(uid = %request.uid, namespace = %namespace, reason = %why, "webhook: refused a pod");
+        let what = if request.is_vmi() { "a VMI" } else { "a pod" };
+        tracing::info!(uid = %request.uid, namespace = %namespace, reason = %why, "webhook: refused {what}");
     }
     Ok(review::encode(&request.uid, &verdict))
 }

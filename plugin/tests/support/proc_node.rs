@@ -74,6 +74,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             family: FamilyConfig::Exclusive,
             cpus_per_device: layout.cpus_per_device,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     if layout.shared > 0 {
@@ -87,6 +88,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             },
             cpus_per_device: 0,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     if layout.sliced > 0 {
@@ -99,6 +101,7 @@ pub fn config(dir: &Path, layout: Layout) -> Config {
             },
             cpus_per_device: 0,
             unhealthy: Default::default(),
+            vendor_cdi: Default::default(),
         });
     }
     c

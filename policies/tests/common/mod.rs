@@ -43,6 +43,7 @@ pub fn gpu(id: &str, vendor: &str, numa: u32, local: &str, bus: u8, minor: u32) 
             minor: 255,
             permissions: "rw".to_string(),
         }],
+        uuid: None,
     }
 }
 

@@ -14,9 +14,10 @@ use repo_checks::imports::Graph;
 const CORE: [&str; 5] = ["engine", "checkpoint", "gate", "allocator", "device_health"];
 
 /// What every layer reads: these import neither the core nor the outer layer.
-const BASE: [&str; 10] = [
+const BASE: [&str; 11] = [
     "config",
     "discovery",
+    "vendor",
     "check",
     "names",
     "metrics",

@@ -51,6 +51,9 @@ pools:
 dra:
   enabled: true
   driver_name: {{ .Values.roles.dra.driverName }}
+{{- with .Values.roles.dra.pools }}
+  pools: {{ toJson . }}
+{{- end }}
   claim_status: {{ .Values.roles.dra.claimStatus }}
   # The kubelet's dirs, at the same paths in the pod: the kubelet dials what is registered.
   plugins_registry_dir: {{ .Values.host.kubeletDir }}/plugins_registry
@@ -68,11 +71,44 @@ device_plugin:
 {{ toYaml . | indent 2 }}
 {{- end }}
 {{- end }}
-{{- if .Values.metrics.enabled }}
+{{- if or .Values.metrics.enabled .Values.probes.enabled }}
 metrics:
+  # Loopback only; the probes ask it through `nri-accel probe`.
   listen: 127.0.0.1:{{ .Values.metrics.port }}
 {{- end }}
 {{- with .Values.extraConfig }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+
+{{/* Fails the render when DRA and the device plugin would serve one pool: the scheduler would
+count the same devices twice, through ResourceSlices and through the extended resource. */}}
+{{- define "nri-accel.checkRoles" -}}
+{{- if and .Values.roles.dra.enabled .Values.roles.devicePlugin.enabled }}
+{{- $dp := .Values.roles.devicePlugin.config.pools | default list }}
+{{- $dra := .Values.roles.dra.pools | default list }}
+{{- if or (empty $dp) (empty $dra) }}
+{{- fail "roles.dra and roles.devicePlugin are both enabled without saying which pools each serves: each would serve every pool, so the scheduler counts the same devices twice; set roles.dra.pools and roles.devicePlugin.config.pools to disjoint lists of pool names, or turn one role off" }}
+{{- end }}
+{{- range $dp }}
+{{- if has . $dra }}
+{{- fail (printf "pool %q is in both roles.dra.pools and roles.devicePlugin.config.pools: one pool is served by one door, or the scheduler counts its devices twice; remove it from one list" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The DaemonSet's node affinity: the operator's label, or any of node-feature-discovery's
+PCI labels when nodeFeatureDiscovery.enabled. */}}
+{{- define "nri-accel.nodeAffinity" -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      - matchExpressions:
+          - { key: {{ .Values.nodeLabel | quote }}, operator: In, values: ["true"] }
+      {{- range .Values.nodeFeatureDiscovery.labels }}
+      - matchExpressions:
+          - { key: {{ . | quote }}, operator: In, values: ["true"] }
+      {{- end }}
 {{- end -}}

@@ -173,6 +173,16 @@ pub fn device(
     if let Some(id) = &d.pci_id {
         put("pciId", string(id));
     }
+    // The GPU's UUID under the name NVIDIA's DRA driver gives it (`uuid`); a partition is not
+    // the GPU, so it names its parent's as that driver does for MIG devices (`parentUUID`).
+    if let Some(u) = &d.uuid {
+        let key = if shape == Shape::Partition {
+            "parentUUID"
+        } else {
+            "uuid"
+        };
+        put(key, string(u));
+    }
     if let Some(n) = d.numa_node {
         put("numaNode", int(i64::from(n)));
         let standard = if facts.numa_list {

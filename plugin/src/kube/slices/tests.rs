@@ -671,3 +671,44 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_gpu_uuid_is_published_as_uuid_and_as_its_partitions_parent_uuid() {
+    let uuid = |id: &str| format!("GPU-000000{id}-5f1c-3b7e-a0d2-0000c0ffee00");
+    let mut devices = vec![gpu("17", 0), gpu("65", 1), gpu("66", 1)];
+    for d in &mut devices {
+        d.uuid = Some(uuid(&d.id));
+    }
+    let f = Fixture::new(
+        devices,
+        vec![
+            PoolConfig::of_ids("whole", &["17"], FamilyConfig::Exclusive),
+            PoolConfig::of_ids("share", &["65"], shared()),
+            PoolConfig::of_ids("mig", &["66"], mig()),
+        ],
+    );
+    let c = f.build(Capabilities::ALL, &BTreeSet::new());
+    for (name, id) in [("whole-17", "17"), ("share-65", "65"), ("mig-66", "66")] {
+        let d = find(&c, name);
+        assert_eq!(
+            attr(d, "uuid").string.as_deref(),
+            Some(uuid(id).as_str()),
+            "{name}"
+        );
+    }
+    let p = find(&c, "mig-66-2g-20gb-2");
+    assert!(!p.attributes.as_ref().unwrap().contains_key("uuid"));
+    assert_eq!(
+        attr(p, "parentUUID").string.as_deref(),
+        Some(uuid("66").as_str())
+    );
+    // No UUID known: no attribute.
+    let plain = Fixture::three_families().build(Capabilities::ALL, &BTreeSet::new());
+    assert!(
+        !find(&plain, "whole-17")
+            .attributes
+            .as_ref()
+            .unwrap()
+            .contains_key("uuid")
+    );
+}

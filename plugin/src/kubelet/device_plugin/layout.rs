@@ -2,15 +2,16 @@
 //! resources (one per served pool, or one per profile of a sliced pool whose static layout mixes
 //! profiles) and their kubelet device IDs, each standing for one unit of one device.
 //!
-//! IDs: a whole device is advertised under its inventory id (`gpu0`), a replica of a shared
+//! IDs: a whole device is advertised under its inventory id (`gpu0`; its UUID with
+//! `device_ids: uuid`), a replica of a shared
 //! device as `<id>::<n>`, a slice of a static layout as `<id>::<profile>@<start>`.
 
 use std::collections::BTreeMap;
 
 use policies::{FamilyConfig, Node, PoolConfig, Unit};
 
-use crate::config::DevicePluginConfig;
 use crate::config::device_plugin::{profiles, resource_names, sanitize, served};
+use crate::config::{DeviceIds, DevicePluginConfig};
 
 /// One advertised device: a unit of a device of the resource's pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,9 +125,13 @@ pub fn plan(cfg: &DevicePluginConfig, pools: &[PoolConfig], node: &Node) -> Vec<
         for (name, units) in groups {
             let mut advertised = Vec::new();
             for d in devices {
+                let base = match (cfg.device_ids, &d.uuid) {
+                    (DeviceIds::Uuid, Some(uuid)) => uuid,
+                    _ => &d.id,
+                };
                 for (suffix, unit) in &units {
                     advertised.push(Advertised {
-                        id: format!("{}{suffix}", d.id),
+                        id: format!("{base}{suffix}"),
                         device_id: d.id.clone(),
                         unit: unit.clone(),
                         numa: d.numa_node,
@@ -162,6 +167,7 @@ mod tests {
             driver: None,
             nodes: vec![],
             control_nodes: vec![],
+            uuid: None,
         }
     }
 
@@ -275,5 +281,49 @@ mod tests {
                 .unwrap_err()
                 .contains("exclusive")
         );
+    }
+
+    #[test]
+    fn uuid_device_ids_name_the_gpu_where_it_has_a_uuid() {
+        let pools = vec![
+            PoolConfig::of_ids("whole", &["g0", "g1"], FamilyConfig::Exclusive),
+            PoolConfig::of_ids(
+                "shared",
+                &["g2"],
+                FamilyConfig::Shared {
+                    replicas: 2,
+                    memory_mib_per_share: 0,
+                    compute_percent_per_share: 0,
+                },
+            ),
+        ];
+        let mut devices: Vec<Device> = (0..3).map(|i| gpu(&format!("g{i}"), 0)).collect();
+        devices[0].uuid = Some("GPU-aaaaaaaa-5f1c-3b7e-a0d2-0000c0ffee00".into());
+        devices[2].uuid = Some("GPU-cccccccc-5f1c-3b7e-a0d2-0000c0ffee00".into());
+        let inventory = Inventory {
+            devices,
+            cpus: "0-3".parse().unwrap(),
+        };
+        let node = Node::new(inventory, &pools, &Registry::with_builtins()).unwrap();
+        let mut cfg = DevicePluginConfig::default();
+        let by_id = plan(&cfg, &pools, &node);
+        assert_eq!(by_id[0].devices[0].id, "g0");
+        cfg.device_ids = DeviceIds::Uuid;
+        let r = plan(&cfg, &pools, &node);
+        let ids: Vec<&str> = r[0].devices.iter().map(|d| d.id.as_str()).collect();
+        // g1 has no UUID: its inventory id stands.
+        assert_eq!(ids, ["GPU-aaaaaaaa-5f1c-3b7e-a0d2-0000c0ffee00", "g1"]);
+        let shares: Vec<&str> = r[1].devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(
+            shares,
+            [
+                "GPU-cccccccc-5f1c-3b7e-a0d2-0000c0ffee00::0",
+                "GPU-cccccccc-5f1c-3b7e-a0d2-0000c0ffee00::1"
+            ]
+        );
+        let a = r[0]
+            .get("GPU-aaaaaaaa-5f1c-3b7e-a0d2-0000c0ffee00")
+            .unwrap();
+        assert_eq!((a.device_id.as_str(), &a.unit), ("g0", &Unit::Whole));
     }
 }

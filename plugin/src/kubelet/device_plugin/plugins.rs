@@ -409,12 +409,12 @@ impl DevicePlugins {
         tracing::info!(resource = %r.name, claim = %uid, devices = %shown.join(","),
             already = prepared.already, "device plugin allocation");
         let mut answer = pb::ContainerAllocateResponse {
+            // nri-accel's own device, then the vendor's where the pool composes (docs/gpus.md).
             cdi_devices: prepared
                 .devices
                 .iter()
-                .map(|d| pb::CdiDevice {
-                    name: d.cdi_id.clone(),
-                })
+                .flat_map(|d| d.cdi_ids())
+                .map(|name| pb::CdiDevice { name })
                 .collect(),
             ..Default::default()
         };

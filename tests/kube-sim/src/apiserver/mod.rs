@@ -51,7 +51,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use gates::Gates;
-pub use resources::{DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource};
+pub use resources::{
+    DEVICE_CLASSES, NODES, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES, Resource,
+};
 pub use status::ApiError;
 pub use store::Writes;
 

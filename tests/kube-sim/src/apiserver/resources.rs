@@ -69,6 +69,16 @@ pub static RESOURCE_CLAIMS: Resource = Resource {
     fields: &[],
 };
 
+/// ResourceClaimTemplates (resource.k8s.io/v1, namespaced).
+pub static RESOURCE_CLAIM_TEMPLATES: Resource = Resource {
+    group: "resource.k8s.io",
+    version: "v1",
+    plural: "resourceclaimtemplates",
+    kind: "ResourceClaimTemplate",
+    namespaced: true,
+    fields: &[],
+};
+
 /// DeviceClasses (resource.k8s.io/v1, cluster scoped).
 pub static DEVICE_CLASSES: Resource = Resource {
     group: "resource.k8s.io",
@@ -80,4 +90,10 @@ pub static DEVICE_CLASSES: Resource = Resource {
 };
 
 /// Every resource served.
-pub static ALL: [&Resource; 4] = [&NODES, &RESOURCE_SLICES, &RESOURCE_CLAIMS, &DEVICE_CLASSES];
+pub static ALL: [&Resource; 5] = [
+    &NODES,
+    &RESOURCE_SLICES,
+    &RESOURCE_CLAIMS,
+    &DEVICE_CLASSES,
+    &RESOURCE_CLAIM_TEMPLATES,
+];
