@@ -195,8 +195,8 @@ func freeMajor(t *testing.T, from uint32) uint32 {
 }
 
 // configure adds the fixture's GPUs to nri-accel's config as static devices (id gpu<index>,
-// vendor nvidia, the mock's PCI address, own node /dev/nvidia<minor> and the control nodes a
-// discovered NVIDIA GPU has) in a pool `gpus` (exclusive) with `vendor_cdi: <vendorCDI>`
+// vendor nvidia, the mock's PCI address and UUID, own node /dev/nvidia<minor> and the control
+// nodes a discovered NVIDIA GPU has) in a pool `gpus` (exclusive) with `vendor_cdi: <vendorCDI>`
 // first, and the spec's dir as cdi.vendor_spec_dirs. "" leaves vendor_cdi out (its default).
 func (f *nvidiaFixture) configure(t *testing.T, configPath, localCPU, vendorCDI string) {
 	t.Helper()
@@ -212,10 +212,10 @@ func (f *nvidiaFixture) configure(t *testing.T, configPath, localCPU, vendorCDI 
 	for _, g := range f.GPUs {
 		id := fmt.Sprintf("gpu%d", g.Index)
 		ids = append(ids, id)
-		fmt.Fprintf(&devs, "    - id: %s\n      vendor: nvidia\n      model: %q\n      pci_address: %q\n      numa_node: 0\n"+
+		fmt.Fprintf(&devs, "    - id: %s\n      vendor: nvidia\n      model: %q\n      pci_address: %q\n      uuid: %q\n      numa_node: 0\n"+
 			"      local_cpus: %q\n      memory_mib: 40960\n      compute_units: 108\n      nodes:\n        - %s\n"+
 			"      control_nodes:\n        - %s\n        - %s\n        - %s\n",
-			id, g.Model, g.PCIAddress, localCPU, node(fmt.Sprintf("nvidia%d", g.Minor), f.Major, uint32(g.Minor)),
+			id, g.Model, g.PCIAddress, g.UUID, localCPU, node(fmt.Sprintf("nvidia%d", g.Minor), f.Major, uint32(g.Minor)),
 			node("nvidiactl", f.Major, 255), node("nvidia-uvm", f.UVM, 0), node("nvidia-uvm-tools", f.UVM, 1))
 	}
 	pool := fmt.Sprintf("  - name: gpus\n    select: { ids: [%s] }\n    family: { kind: exclusive }\n", strings.Join(ids, ", "))
