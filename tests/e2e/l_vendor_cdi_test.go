@@ -67,6 +67,16 @@ func TestL_VendorCDIFromTheToolkit(t *testing.T) {
 
 		// The Go CDI library agrees with what nri-accel had the runtime apply.
 		for _, d := range compareVendorEdits(want, n.runtimeSpec(t, gpu), f) {
+			// containerd 1.7.0-1.7.6 (NRI v0.3.0) write an adjustment's device rules with access
+			// rw whatever it says (v2.x keeps the rwm nri-accel sends): the runtime's limit,
+			// docs/gpus.md says so.
+			if v == "v1.7.0" && strings.Contains(d, " rwm is missing; ") {
+				rule := d[len("device cgroup rule ") : len(d)-len(d[strings.Index(d, " rwm is missing; "):])]
+				if strings.Contains(d, rule+" rw ") || strings.HasSuffix(d, rule+" rw]") {
+					t.Logf("containerd %s (NRI v0.3.0) gives the device rule rw, not rwm: %s", v, rule)
+					continue
+				}
+			}
 			t.Errorf("the GPU container's OCI spec (%s): %s", v, d)
 		}
 
