@@ -1023,5 +1023,8 @@ impl Agent {
 
 /// The union of two device cgroup access strings, in `rwm` order.
 fn union_permissions(a: &str, b: &str) -> String {
-    "rwm".chars().filter(|c| a.contains(*c) || b.contains(*c)).collect()
+    "rwm"
+        .chars()
+        .filter(|c| a.contains(*c) || b.contains(*c))
+        .collect()
 }
