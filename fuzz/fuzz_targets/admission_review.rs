@@ -41,10 +41,11 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         vec![gpu(0, "whole", "exclusive"), gpu(1, "whole", "exclusive"), gpu(2, "share", "shared")],
     )];
     let capacity = Capacity::Known(nodes.into_iter().collect());
-    let Some(pod) = &request.object else {
+    // An object that is not a pod is refused by the server as a bad review, never a panic.
+    let Ok(Some(pod)) = request.pod() else {
         return;
     };
-    let verdict = check(&rules, "ns", pod, &capacity);
+    let verdict = check(&rules, "ns", &pod, &capacity);
     // A refusal always says why; the answer is JSON carrying the request's uid.
     assert_eq!(verdict.allowed, verdict.message.is_none());
     let answer: serde_json::Value = serde_json::from_slice(&encode(&request.uid, &verdict)).unwrap();

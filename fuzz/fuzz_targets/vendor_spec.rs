@@ -28,6 +28,7 @@ fn gpu() -> Device {
         compute_units: 0,
         driver: None,
         nodes: vec![node("/dev/nvidia0", 0)],
+        vfio: None,
         control_nodes: vec![node("/dev/nvidiactl", 255)],
         uuid: Some("GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c".into()),
     }
