@@ -109,6 +109,15 @@ fn default_permissions() -> String {
     "rw".to_string()
 }
 
+/// The union of two cgroup access strings, in `rwm` order: what a container may do with a node
+/// two grants (or two specs) both give it.
+pub fn union_access(a: &str, b: &str) -> String {
+    "rwm"
+        .chars()
+        .filter(|c| a.contains(*c) || b.contains(*c))
+        .collect()
+}
+
 /// Kind of a device node.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,

@@ -33,7 +33,7 @@ pub use claim::{
     UnitResult,
 };
 pub use cpuset::{CpuSet, CpuSetParseError, MAX_CPU_ID};
-pub use device::{Device, DeviceNode, Inventory, NodeKind, VfioGroup};
+pub use device::{Device, DeviceNode, Inventory, NodeKind, VfioGroup, union_access};
 pub use edits::{Adjustment, ContainerEdits, ContainerUpdate, Hook, Mount, Placement};
 pub use exclusive::exclusive;
 pub use node::Node;

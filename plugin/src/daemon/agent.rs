@@ -595,7 +595,8 @@ impl Agent {
                         // The vendor's spec may allow more on a node nri-accel also grants
                         // (`rwm` where discovery says `rw`): the container gets the union, as a
                         // runtime applying both specs would give it.
-                        own.permissions = union_permissions(&own.permissions, &node.permissions);
+                        own.permissions =
+                            policies::union_access(&own.permissions, &node.permissions);
                     }
                 }
                 // The vendor's variables first: nri-accel's own (share and slice limits) win.
@@ -1019,12 +1020,4 @@ impl Agent {
         self.engine
             .with_claims(|claims| super::status::render(&parts, claims))
     }
-}
-
-/// The union of two device cgroup access strings, in `rwm` order.
-fn union_permissions(a: &str, b: &str) -> String {
-    "rwm"
-        .chars()
-        .filter(|c| a.contains(*c) || b.contains(*c))
-        .collect()
 }

@@ -244,12 +244,7 @@ pub fn adjustment(grant: &ContainerGrant) -> ContainerAdjustment {
             .iter_mut()
             .find(|r| r.type_ == rule.type_ && r.major == rule.major && r.minor == rule.minor)
         {
-            Some(first) => {
-                first.access = "rwm"
-                    .chars()
-                    .filter(|c| first.access.contains(*c) || rule.access.contains(*c))
-                    .collect();
-            }
+            Some(first) => first.access = policies::union_access(&first.access, &rule.access),
             None => resources.devices.push(rule),
         }
     }
