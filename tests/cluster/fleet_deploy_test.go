@@ -292,57 +292,101 @@ func (c *Cluster) waitNoSpecs(t *testing.T, within time.Duration) {
 	}
 }
 
-// requestsByNode counts the apiserver's requests since `since` from its audit log, by node and
-// by who made them (the node's kubelet: user system:node:<node>; its nri-accel: a service
-// account token bound to a pod on the node, whose node the audit event names in
-// user.extra["authentication.kubernetes.io/node-name"]) and verb. The rest of the cluster
-// (controllers, scheduler, the test's kubectl) is left out.
-func (c *Cluster) requestsByNode(t *testing.T, since time.Time) string {
+// auditEvent is one request of the apiserver's audit log, as the fleet's counts read it.
+type auditEvent struct {
+	Verb     string
+	Username string
+	// Node is the node a pod-bound service account token names
+	// (user.extra["authentication.kubernetes.io/node-name"]), if any.
+	Node     string
+	Resource string // plural, then /subresource when there is one
+}
+
+// auditEvents answers the requests the apiserver received between from and to (to zero: up to
+// now), each once (a long request such as a watch is logged at its start and its end under one
+// audit ID).
+func (c *Cluster) auditEvents(t *testing.T, from, to time.Time) []auditEvent {
 	t.Helper()
 	b, err := os.ReadFile(c.auditLog())
-	if err != nil {
-		return fmt.Sprintf("no audit log: %v", err)
-	}
-	counts := map[string]map[string]int{}
+	must(t, err)
+	seen := map[string]bool{}
+	var out []auditEvent
 	for _, line := range strings.Split(string(b), "\n") {
 		var ev struct {
-			Verb string `json:"verb"`
-			User struct {
+			AuditID string `json:"auditID"`
+			Verb    string `json:"verb"`
+			User    struct {
 				Username string              `json:"username"`
 				Extra    map[string][]string `json:"extra"`
 			} `json:"user"`
-			UserAgent string    `json:"userAgent"`
-			Stamp     time.Time `json:"requestReceivedTimestamp"`
+			ObjectRef struct {
+				Resource    string `json:"resource"`
+				Subresource string `json:"subresource"`
+			} `json:"objectRef"`
+			Stamp time.Time `json:"requestReceivedTimestamp"`
 		}
-		if json.Unmarshal([]byte(line), &ev) != nil || ev.Stamp.Before(since) {
+		if json.Unmarshal([]byte(line), &ev) != nil || ev.Stamp.Before(from) || (!to.IsZero() && ev.Stamp.After(to)) || seen[ev.AuditID] {
 			continue
 		}
-		var node, who string
-		if n, ok := strings.CutPrefix(ev.User.Username, "system:node:"); ok {
-			node, who = n, "kubelet"
-		} else if n := ev.User.Extra["authentication.kubernetes.io/node-name"]; len(n) == 1 &&
-			strings.HasPrefix(ev.User.Username, "system:serviceaccount:nri-accel:") {
-			node, who = n[0], "nri-accel"
+		seen[ev.AuditID] = true
+		e := auditEvent{Verb: ev.Verb, Username: ev.User.Username, Resource: ev.ObjectRef.Resource}
+		if ev.ObjectRef.Subresource != "" {
+			e.Resource += "/" + ev.ObjectRef.Subresource
+		}
+		if n := ev.User.Extra["authentication.kubernetes.io/node-name"]; len(n) == 1 {
+			e.Node = n[0]
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// accelNode answers the node of a request nri-accel made (its chart's service account, with a
+// token bound to a pod on the node), or "".
+func (e auditEvent) accelNode() string {
+	if strings.HasPrefix(e.Username, "system:serviceaccount:nri-accel:") {
+		return e.Node
+	}
+	return ""
+}
+
+// countLines writes counts (who -> kind -> requests) one line per who, sorted.
+func countLines(counts map[string]map[string]int) string {
+	var out []string
+	for who, kinds := range counts {
+		var ks []string
+		total := 0
+		for k, n := range kinds {
+			ks = append(ks, fmt.Sprintf("%s %d", k, n))
+			total += n
+		}
+		sort.Strings(ks)
+		out = append(out, fmt.Sprintf("  %s: %d (%s)", who, total, strings.Join(ks, ", ")))
+	}
+	sort.Strings(out)
+	return strings.Join(out, "\n")
+}
+
+// requestsByNode counts the apiserver's requests since `since` from its audit log, by node and
+// by who made them (the node's kubelet: user system:node:<node>; its nri-accel: auditEvent's
+// accelNode) and verb. The rest of the cluster (controllers, scheduler, the test's kubectl) is
+// left out.
+func (c *Cluster) requestsByNode(t *testing.T, since time.Time) string {
+	t.Helper()
+	counts := map[string]map[string]int{}
+	for _, ev := range c.auditEvents(t, since, time.Time{}) {
+		var k string
+		if n, ok := strings.CutPrefix(ev.Username, "system:node:"); ok {
+			k = n + " kubelet"
+		} else if n := ev.accelNode(); n != "" {
+			k = n + " nri-accel"
 		} else {
 			continue
 		}
-		k := node + " " + who
 		if counts[k] == nil {
 			counts[k] = map[string]int{}
 		}
 		counts[k][ev.Verb]++
 	}
-	var out []string
-	for k, verbs := range counts {
-		var vs []string
-		total := 0
-		for v, n := range verbs {
-			vs = append(vs, fmt.Sprintf("%s %d", v, n))
-			total += n
-		}
-		sort.Strings(vs)
-		out = append(out, fmt.Sprintf("  %s: %d (%s)", k, total, strings.Join(vs, ", ")))
-	}
-	sort.Strings(out)
-	return strings.Join(out, "\n")
+	return countLines(counts)
 }

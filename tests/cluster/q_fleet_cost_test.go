@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -109,57 +108,20 @@ func TestClusterFleetCost(t *testing.T) {
 	}
 }
 
-// accelRequests counts the requests the nodes' nri-accel made between from and to (audit events
-// deduplicated by audit ID: a watch is one request however long it lasts), by node, then verb and
-// resource.
+// accelRequests counts the requests the nodes' nri-accel made between from and to, by node,
+// then verb and resource.
 func (c *Cluster) accelRequests(t *testing.T, from, to time.Time) string {
 	t.Helper()
-	b, err := os.ReadFile(c.auditLog())
-	must(t, err)
-	seen := map[string]bool{}
 	counts := map[string]map[string]int{}
-	for _, line := range strings.Split(string(b), "\n") {
-		var ev struct {
-			AuditID string `json:"auditID"`
-			Verb    string `json:"verb"`
-			User    struct {
-				Username string              `json:"username"`
-				Extra    map[string][]string `json:"extra"`
-			} `json:"user"`
-			ObjectRef struct {
-				Resource    string `json:"resource"`
-				Subresource string `json:"subresource"`
-			} `json:"objectRef"`
-			Stamp time.Time `json:"requestReceivedTimestamp"`
-		}
-		if json.Unmarshal([]byte(line), &ev) != nil || ev.Stamp.Before(from) || ev.Stamp.After(to) || seen[ev.AuditID] {
+	for _, ev := range c.auditEvents(t, from, to) {
+		node := ev.accelNode()
+		if node == "" {
 			continue
 		}
-		node := ev.User.Extra["authentication.kubernetes.io/node-name"]
-		if len(node) != 1 || !strings.HasPrefix(ev.User.Username, "system:serviceaccount:nri-accel:") {
-			continue
+		if counts[node] == nil {
+			counts[node] = map[string]int{}
 		}
-		seen[ev.AuditID] = true
-		res := ev.ObjectRef.Resource
-		if ev.ObjectRef.Subresource != "" {
-			res += "/" + ev.ObjectRef.Subresource
-		}
-		if counts[node[0]] == nil {
-			counts[node[0]] = map[string]int{}
-		}
-		counts[node[0]][ev.Verb+" "+res]++
+		counts[node][ev.Verb+" "+ev.Resource]++
 	}
-	var out []string
-	for node, kinds := range counts {
-		var ks []string
-		total := 0
-		for k, n := range kinds {
-			ks = append(ks, fmt.Sprintf("%s %d", k, n))
-			total += n
-		}
-		sort.Strings(ks)
-		out = append(out, fmt.Sprintf("  %s: %d requests (%s)", node, total, strings.Join(ks, ", ")))
-	}
-	sort.Strings(out)
-	return strings.Join(out, "\n")
+	return countLines(counts)
 }
