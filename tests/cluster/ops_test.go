@@ -188,6 +188,76 @@ func scenarioHelmDryRun(t *testing.T, c *Cluster) {
 	}
 }
 
+// hostWebhook is `nri-accel webhook` running on the machine as the chart's webhook service
+// account (a Service's pods cannot be reached from the apiserver here), and the chart's
+// ValidatingWebhookConfiguration still to be pointed at it.
+type hostWebhook struct {
+	proc     *proc
+	url      string // https://127.0.0.1:<port>/validate
+	caBundle string // the cluster CA the webhook's certificate is issued from, base64
+	vwc      obj    // the chart's ValidatingWebhookConfiguration, as rendered
+}
+
+// startHostWebhook renders the chart with roles.webhook (and helmArgs), applies its webhook
+// RBAC, and runs `nri-accel webhook` under name with config (a daemon config whose
+// `  kubeconfig:` line is replaced by a token of the chart's webhook service account) and a
+// certificate from the cluster's CA, until it serves.
+func (c *Cluster) startHostWebhook(t *testing.T, name, config string, helmArgs ...string) hostWebhook {
+	t.Helper()
+	const release, ns = "nri-accel", "nri-accel"
+	ca, err := os.ReadFile(c.pki.CA)
+	must(t, err)
+	h := hostWebhook{caBundle: base64.StdEncoding.EncodeToString(ca)}
+	tmpl, err := c.helm(t, append([]string{"template", "--namespace", ns, release, chartDir(),
+		"--set", "roles.webhook.enabled=true", "--set", "roles.webhook.caBundle=" + h.caBundle}, helmArgs...)...)
+	must(t, err)
+	var rbac []obj
+	for _, o := range yamlObjects(t, tmpl) {
+		switch objName(o) {
+		case "ServiceAccount/nri-accel-webhook", "ClusterRole/nri-accel-webhook", "ClusterRoleBinding/nri-accel-webhook":
+			rbac = append(rbac, o)
+		case "ValidatingWebhookConfiguration/nri-accel":
+			h.vwc = o
+		}
+	}
+	if len(rbac) != 3 || h.vwc == nil {
+		t.Fatalf("the chart rendered %d of the webhook's RBAC objects and webhook configuration %v", len(rbac), h.vwc != nil)
+	}
+	if out, err := c.kubectlIn(jsonList(t, rbac), "apply", "-f", "-"); err != nil {
+		t.Fatalf("applying the chart's webhook RBAC: %v\n%s", err, out)
+	}
+	token := strings.TrimSpace(c.kubectl("create", "token", "nri-accel-webhook", "-n", ns, "--duration", "1h"))
+	kubeconfig := c.pki.tokenKubeconfig(t, "nri-accel-webhook", c.Server, token)
+	re := regexp.MustCompile(`(?m)^  kubeconfig: .*$`)
+	if !re.MatchString(config) {
+		t.Fatalf("no kubeconfig line in the config for %s:\n%s", name, config)
+	}
+	dir := filepath.Join(c.Dir, name)
+	must(t, os.MkdirAll(filepath.Join(dir, "tls"), 0o755))
+	whCfg := filepath.Join(dir, "config.yaml")
+	must(t, os.WriteFile(whCfg, []byte(re.ReplaceAllString(config, "  kubeconfig: "+kubeconfig)), 0o644))
+	crt, key := c.pki.issue(t, name, "nri-accel-webhook", nil, "127.0.0.1")
+	for from, to := range map[string]string{crt: "tls.crt", key: "tls.key"} {
+		b, err := os.ReadFile(from)
+		must(t, err)
+		must(t, os.WriteFile(filepath.Join(dir, "tls", to), b, 0o600))
+	}
+	h.proc = startProc(t, "nri-accel-webhook", filepath.Join(c.Dir, "nri-accel-"+name+".log"), []string{"NRI_ACCEL_LOG=info"},
+		accelBin(t), "--config", whCfg, "webhook", "--listen", "127.0.0.1:0", "--tls-dir", filepath.Join(dir, "tls"))
+	served := regexp.MustCompile(`nri-accel webhook: serving (https://127\.0\.0\.1:\d+/validate)`)
+	if !waitFor(30*time.Second, func() bool {
+		b, _ := os.ReadFile(h.proc.Log)
+		if m := served.FindSubmatch(b); m != nil {
+			h.url = string(m[1])
+		}
+		return h.url != "" || !h.proc.Running()
+	}) || h.url == "" {
+		h.proc.Stop(5 * time.Second)
+		t.Fatalf("nri-accel webhook is not serving:\n%s", tail(h.proc.Log, 30))
+	}
+	return h
+}
+
 // Scenario: the webhook against the real apiserver. `nri-accel webhook` runs on the host with a
 // certificate made here and the chart's own service account and ClusterRole (a token of it
 // lists the slices); the chart's ValidatingWebhookConfiguration (rules, matchConditions) is
@@ -197,63 +267,13 @@ func scenarioHelmDryRun(t *testing.T, c *Cluster) {
 // with the apiserver's "failed calling webhook", and a pod without annotations is still admitted
 // under Fail (the match condition keeps it from the webhook).
 func scenarioWebhook(t *testing.T, c *Cluster) {
-	const release, ns = "nri-accel", "nri-accel"
-	ca, err := os.ReadFile(c.pki.CA)
-	must(t, err)
-	caBundle := base64.StdEncoding.EncodeToString(ca)
-	tmpl, err := c.helm(t, "template", "--namespace", ns, release, chartDir(),
-		"--set", "roles.webhook.enabled=true", "--set", "roles.webhook.caBundle="+caBundle)
-	must(t, err)
-	var rbac []obj
-	var vwc obj
-	for _, o := range yamlObjects(t, tmpl) {
-		switch objName(o) {
-		case "ServiceAccount/nri-accel-webhook", "ClusterRole/nri-accel-webhook", "ClusterRoleBinding/nri-accel-webhook":
-			rbac = append(rbac, o)
-		case "ValidatingWebhookConfiguration/nri-accel":
-			vwc = o
-		}
-	}
-	if len(rbac) != 3 || vwc == nil {
-		t.Fatalf("the chart rendered %d of the webhook's RBAC objects and webhook configuration %v", len(rbac), vwc != nil)
-	}
-	if out, err := c.kubectlIn(jsonList(t, rbac), "apply", "-f", "-"); err != nil {
-		t.Fatalf("applying the chart's webhook RBAC: %v\n%s", err, out)
-	}
-	token := strings.TrimSpace(c.kubectl("create", "token", "nri-accel-webhook", "-n", ns, "--duration", "1h"))
-	kubeconfig := c.pki.tokenKubeconfig(t, "nri-accel-webhook", c.Server, token)
-
+	const release = "nri-accel"
 	// The node's config (its pools), reaching the apiserver as the webhook's service account.
 	cfg, err := os.ReadFile(c.AccelCfg)
 	must(t, err)
-	re := regexp.MustCompile(`(?m)^  kubeconfig: .*$`)
-	if !re.Match(cfg) {
-		t.Fatalf("no kubeconfig line in %s", c.AccelCfg)
-	}
-	dir := filepath.Join(c.Dir, "webhook")
-	must(t, os.MkdirAll(filepath.Join(dir, "tls"), 0o755))
-	whCfg := filepath.Join(dir, "config.yaml")
-	must(t, os.WriteFile(whCfg, re.ReplaceAll(cfg, []byte("  kubeconfig: "+kubeconfig)), 0o644))
-	crt, key := c.pki.issue(t, "webhook", "nri-accel-webhook", nil, "127.0.0.1")
-	for from, to := range map[string]string{crt: "tls.crt", key: "tls.key"} {
-		b, err := os.ReadFile(from)
-		must(t, err)
-		must(t, os.WriteFile(filepath.Join(dir, "tls", to), b, 0o600))
-	}
-	wh := startProc(t, "nri-accel-webhook", filepath.Join(c.Dir, "nri-accel-webhook.log"), []string{"NRI_ACCEL_LOG=info"},
-		accelBin(t), "--config", whCfg, "webhook", "--listen", "127.0.0.1:0", "--tls-dir", filepath.Join(dir, "tls"))
+	h := c.startHostWebhook(t, "webhook", string(cfg))
+	wh, url, caBundle, vwc := h.proc, h.url, h.caBundle, h.vwc
 	t.Cleanup(func() { wh.Stop(5 * time.Second) })
-	served := regexp.MustCompile(`nri-accel webhook: serving (https://127\.0\.0\.1:\d+/validate)`)
-	var url string
-	if !waitFor(30*time.Second, func() bool {
-		b, _ := os.ReadFile(wh.Log)
-		if m := served.FindSubmatch(b); m != nil {
-			url = string(m[1])
-		}
-		return url != "" || !wh.Running()
-	}) || url == "" {
-		t.Fatalf("nri-accel webhook is not serving:\n%s", tail(wh.Log, 30))
-	}
 
 	// The chart's webhook, pointed at the host's process.
 	hook := field(vwc, "webhooks", 0).(map[string]any)
